@@ -1,0 +1,59 @@
+"""cc2ops: cuda-convnet-style convolutional-network ops for PyTensor.
+
+The public functions build PyTensor graphs; every op has a vectorised numpy
+implementation on the CPU, shape inference and gradients. Importing cc2ops
+registers its graph rewrites (softmax-loss fusion in ``fast_run``; the GPU
+rewrites only in the GPU modes of :mod:`cc2ops.cuda`).
+
+Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
+(C, H, W, B) is given; see :mod:`cc2ops.layout`.
+
+``cc2ops.mode`` is the registered CPU :class:`pytensor.compile.mode.Mode`
+("CC2OPS"): ``fast_run`` rewrites with the ``cvm`` linker.
+"""
+
+from cc2ops import graph  # noqa: F401  (registers the rewrites)
+from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
+from cc2ops.mode import mode
+from cc2ops.pool import (
+    AvgPool,
+    AvgPoolGrad,
+    MaxPool,
+    MaxPoolGrad,
+    MaxPoolGradGrad,
+    avg_pool2d,
+    max_pool2d,
+)
+from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad, cross_map_norm
+from cc2ops.softmax_loss import (
+    SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyGrad,
+    TopKError,
+    softmax_cross_entropy,
+    top_k_error,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "cross_map_norm",
+    "softmax_cross_entropy",
+    "top_k_error",
+    "mode",
+    "FilterActs",
+    "ImageActs",
+    "WeightActs",
+    "MaxPool",
+    "MaxPoolGrad",
+    "MaxPoolGradGrad",
+    "AvgPool",
+    "AvgPoolGrad",
+    "CrossMapNorm",
+    "CrossMapNormGrad",
+    "SoftmaxCrossEntropy",
+    "SoftmaxCrossEntropyGrad",
+    "TopKError",
+]

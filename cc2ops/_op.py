@@ -1,0 +1,95 @@
+"""What every cc2ops op shares: version-neutral hooks and input validation.
+
+PyTensor 3.0 calls ``infer_shape(fgraph, node, input_shapes)``; 3.1 and later
+call ``infer_shape(node, input_shapes)`` (and wrap four-argument overrides with
+a deprecation warning). :class:`Cc2Op` accepts both and forwards to
+``_infer_shape(node, input_shapes)``, which subclasses implement. Gradients use
+``pullback``/``pushforward``, which both versions call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytensor.tensor as pt
+from pytensor.graph.op import Op
+from pytensor.tensor.variable import TensorVariable
+
+FLOAT_DTYPES = ("float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+class Cc2Op(Op):
+    """Base class of the cc2ops ops (CPU and GPU)."""
+
+    def infer_shape(self, *args: Any):
+        # (fgraph, node, shapes) on pytensor 3.0, (node, shapes) from 3.1 on
+        node, input_shapes = args[-2], args[-1]
+        return self._infer_shape(node, input_shapes)
+
+    def _infer_shape(self, node, input_shapes):
+        raise NotImplementedError(f"{type(self).__name__} does not infer its shape")
+
+
+def float_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVariable:
+    """``x`` as a float32/float64 tensor of ``ndim`` dims, else ``TypeError``.
+
+    Parameters
+    ----------
+    op, role : str
+        Names for the message: ``"FilterActs: images must ..."``.
+    axes : str
+        The expected axis order, e.g. ``"(B, C, H, W)"``.
+    """
+    x = _as_tensor(op, role, x)
+    if x.type.ndim != ndim:
+        raise TypeError(f"{op}: {role} must have {ndim} dims {axes}, got {x.type.ndim}")
+    if x.type.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
+    return x
+
+
+def int_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVariable:
+    """``x`` as an integer tensor of ``ndim`` dims, else ``TypeError``."""
+    x = _as_tensor(op, role, x)
+    if x.type.ndim != ndim:
+        raise TypeError(f"{op}: {role} must have {ndim} dims {axes}, got {x.type.ndim}")
+    if x.type.dtype not in INT_DTYPES:
+        raise TypeError(f"{op}: {role} must have an integer dtype, got {x.type.dtype}")
+    return x
+
+
+def same_dtype(op: str, **named: TensorVariable) -> str:
+    """The one dtype shared by ``named`` tensors, else ``TypeError``."""
+    dtypes = {name: v.type.dtype for name, v in named.items()}
+    if len(set(dtypes.values())) != 1:
+        got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{op}: inputs must share one float dtype, got {got}")
+    return next(iter(dtypes.values()))
+
+
+def upcast_floats(*xs: Any) -> list[TensorVariable]:
+    """Builder helper: cast float tensors to their common float dtype.
+
+    Non-float inputs pass through unchanged so that ``make_node`` reports them.
+    """
+    xs = [pt.as_tensor_variable(x) for x in xs]
+    floats = [x.type.dtype for x in xs if x.type.dtype in FLOAT_DTYPES]
+    if not floats:
+        return xs
+    target = "float64" if "float64" in floats else "float32"
+    return [
+        x.astype(target)
+        if x.type.dtype in FLOAT_DTYPES and x.type.dtype != target
+        else x
+        for x in xs
+    ]
+
+
+def _as_tensor(op: str, role: str, x: Any) -> TensorVariable:
+    try:
+        return pt.as_tensor_variable(x)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise TypeError(
+            f"{op}: {role} must be a tensor, got {type(x).__name__}: {e}"
+        ) from e

@@ -1,0 +1,95 @@
+"""The cc2ops rewrite databases and where they sit in PyTensor's ``optdb``.
+
+Each database is registered once, here, under its own tag, so a mode opts in
+by name (``mode.including("cc2ops_gpu")``) and a user opts out the same way
+(``mode.excluding("cc2ops_fuse_softmax_loss")``). Rewrite modules under
+``cc2ops.graph`` and ``cc2ops.cuda`` register their rules into these databases;
+importing :mod:`cc2ops.graph` imports all of them.
+
+Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
+1, ``stabilize`` 1.5, ``BlasOpt`` 1.7, ``specialize`` 2, ``elemwise_fusion``
+49, ``add_destroy_handler`` 49.5, ``inplace_elemwise`` 50.5):
+
+``cc2ops_fuse_softmax_loss`` (1.55)
+    After ``stabilize`` has turned ``log(softmax(x))`` into ``log_softmax(x)``
+    and before ``specialize``. Tagged ``fast_run`` too: the fused op is exact,
+    more stable than the graph it replaces, and only matches the softmax-loss
+    patterns, so the default mode gets it once cc2ops is imported.
+``cc2ops_gpu_lift`` (49.2)
+    Host op -> GPU op rules and transfer cancelling. After PyTensor's
+    elementwise fusion, so fused ``Composite`` nodes are lifted whole; before
+    the destroy handler, so lifted nodes are still pure. Only GPU modes
+    include it.
+``cc2ops_gpu_inplace`` (50.6)
+    In-place variants of GPU ops, after ``add_destroy_handler`` and after
+    PyTensor's own ``inplace_elemwise``.
+``cc2ops_transfer_cancel``
+    Inside ``cc2ops_gpu_lift``; also registered at 49.25 under ``fast_run``
+    because cancelling a ``host_from_gpu(gpu_from_host(x))`` pair is always
+    right and only ever matches cc2ops transfer ops.
+"""
+
+from __future__ import annotations
+
+from pytensor.compile.mode import optdb
+from pytensor.graph.rewriting.db import EquilibriumDB, SequenceDB
+
+FUSE_SOFTMAX_LOSS_POSITION = 1.55
+GPU_LIFT_POSITION = 49.2
+TRANSFER_CANCEL_POSITION = 49.25
+GPU_INPLACE_POSITION = 50.6
+
+#: Softmax + cross-entropy fusion rules (CPU; GPU lifting picks the result up).
+fuse_softmax_loss_db = EquilibriumDB()
+
+#: Host -> GPU lifting, applied until no rule matches.
+gpu_lift_db = EquilibriumDB()
+
+#: Cancelling back-to-back transfers (a sub-database of the lift and on its own).
+transfer_cancel_db = EquilibriumDB()
+
+#: In-place GPU variants, one pass after the destroy handler exists.
+gpu_inplace_db = SequenceDB()
+
+_REGISTERED = False
+
+
+def register_databases() -> None:
+    """Put the cc2ops databases into ``optdb`` (idempotent)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    optdb.register(
+        "cc2ops_fuse_softmax_loss",
+        fuse_softmax_loss_db,
+        "fast_run",
+        "cc2ops",
+        position=FUSE_SOFTMAX_LOSS_POSITION,
+    )
+    gpu_lift_db.register(
+        "cc2ops_transfer_cancel_in_lift", transfer_cancel_db, "cc2ops_gpu"
+    )
+    optdb.register(
+        "cc2ops_gpu_lift",
+        gpu_lift_db,
+        "cc2ops_gpu",
+        position=GPU_LIFT_POSITION,
+    )
+    optdb.register(
+        "cc2ops_transfer_cancel",
+        transfer_cancel_db,
+        "fast_run",
+        "cc2ops_gpu",
+        position=TRANSFER_CANCEL_POSITION,
+    )
+    optdb.register(
+        "cc2ops_gpu_inplace",
+        gpu_inplace_db,
+        "cc2ops_gpu",
+        "inplace",
+        position=GPU_INPLACE_POSITION,
+    )
+    _REGISTERED = True
+
+
+register_databases()

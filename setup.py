@@ -1,0 +1,38 @@
+"""cc2ops packaging: setuptools is the only build entry (configuration of tools
+lives in pyproject.toml)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+here = Path(__file__).parent
+
+setup(
+    name="cc2ops",
+    version="0.1.0",
+    description=(
+        "Fast convolutional-network ops for PyTensor: cuda-convnet-style conv, "
+        "pooling, response normalisation and softmax loss, CPU and CUDA"
+    ),
+    long_description=(here / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE-APACHE", "NOTICE"],
+    python_requires=">=3.11",
+    packages=find_packages(include=["cc2ops", "cc2ops.*"]),
+    package_data={"cc2ops.cuda": ["kernels/*.cu", "kernels/*.cuh"]},
+    include_package_data=True,
+    install_requires=["pytensor>=3.0,<4", "numpy", "scipy"],
+    extras_require={
+        "cuda": ["pycuda", "mako"],
+        "test": ["pytest", "hypothesis", "mako"],
+        "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
