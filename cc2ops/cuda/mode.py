@@ -1,0 +1,238 @@
+"""The GPU compilation mode: PyTensor's ``fast_run`` plus the cc2ops GPU rewrites.
+
+``cc2ops.cuda.mode(device=0)`` returns a ``Mode`` whose optimizer is
+``fast_run`` including the ``cc2ops`` and ``cc2ops_gpu`` tags (host ops next
+to GPU data are lifted to GPU ops, back-to-back transfers cancel) and whose
+linker is PyTensor's VM (``cvm``, or the pure-Python ``py`` VM) extended for
+GPU values. It is also registered as ``"CC2OPS_GPU"`` (device 0), so
+``pytensor.function(..., mode="CC2OPS_GPU")`` works. PyTensor's default
+linker (Numba) cannot run custom types, hence the VM.
+
+What the linker adds:
+
+- compiling a function whose graph has GPU-typed variables raises
+  :class:`~cc2ops.cuda.CudaUnavailableError` (pycuda, driver or device
+  missing, and how to install) when CUDA is unavailable; host-only graphs
+  compile anywhere;
+- PyTensor's ``DeepCopyOp`` on GPU outputs is replaced by
+  :class:`~cc2ops.cuda.transfer.GpuDeepCopy` (``GPUArray.copy()`` cannot copy
+  views with gaps);
+- host values waiting in GPU-typed storage (shared variables created with
+  :func:`cc2ops.cuda.shared`, GPU constants, input defaults) are uploaded
+  once, when the function is linked; the shared containers then hold
+  GPUArrays, and a function's ``updates`` to them store GPUArrays.
+
+Calling a compiled function: GPU-typed inputs take GPUArrays (numpy arrays
+are copied to the device by the type's ``filter``), GPU-typed outputs come
+back as GPUArrays (``cc2ops.cuda.array.to_host`` or ``.get()`` reads them),
+host-typed outputs as numpy arrays.
+
+The GPU op modules under ``cc2ops.cuda`` register their lifting rules when
+imported; the mode imports all of them before a graph is rewritten.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pytensor.compile.mode import Mode, predefined_modes, register_mode
+from pytensor.compile.ops import DeepCopyOp
+from pytensor.link.vm import VMLinker
+
+import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases and rules)
+from cc2ops.cuda.array import is_gpuarray, to_gpu
+from cc2ops.cuda.availability import require
+from cc2ops.cuda.device import _check_label
+from cc2ops.cuda.transfer import GpuDeepCopy
+from cc2ops.cuda.type import CudaArrayType
+
+__all__ = ["GpuMode", "GpuVMLinker", "mode", "MODE_NAME", "load_gpu_op_modules"]
+
+MODE_NAME = "CC2OPS_GPU"
+LINKERS = ("cvm", "py")
+
+_modules_lock = threading.Lock()
+_modules_loaded = False
+
+
+def load_gpu_op_modules() -> list[str]:
+    """Import every public module of the ``cc2ops.cuda`` package (idempotent).
+
+    GPU op modules register their lifting rules and kernel variants at import;
+    returns the module names.
+    """
+    global _modules_loaded
+    import cc2ops.cuda as package
+
+    names = [
+        f"{package.__name__}.{info.name}"
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_")
+    ]
+    if not _modules_loaded:
+        with _modules_lock:
+            if not _modules_loaded:
+                for name in names:
+                    importlib.import_module(name)
+                _modules_loaded = True
+    return names
+
+
+def _needs_cuda(fgraph: Any) -> bool:
+    return any(isinstance(v.type, CudaArrayType) for v in fgraph.variables)
+
+
+def _swap_deep_copies(fgraph: Any, no_recycling: Any) -> Any:
+    """Replace ``DeepCopyOp`` on GPU values by ``GpuDeepCopy``; map ``no_recycling``."""
+    swapped = {}
+    for node in list(fgraph.apply_nodes):
+        if isinstance(node.op, DeepCopyOp) and isinstance(
+            node.inputs[0].type, CudaArrayType
+        ):
+            old = node.outputs[0]
+            new = GpuDeepCopy()(node.inputs[0])
+            fgraph.replace(old, new, reason="cc2ops_gpu_deep_copy")
+            swapped[old] = new
+    if not swapped or no_recycling is None:
+        return no_recycling
+    return [swapped.get(v, v) for v in no_recycling]
+
+
+def _upload_pending(storage_map: dict) -> int:
+    """Upload host values found in GPU-typed input storage; returns how many."""
+    uploaded = 0
+    for var, cell in storage_map.items():
+        if var.owner is not None or not isinstance(var.type, CudaArrayType):
+            continue
+        value = cell[0]
+        if value is None or is_gpuarray(value):
+            continue
+        cell[0] = to_gpu(var.type.filter_host(value), var.type.device)
+        uploaded += 1
+    return uploaded
+
+
+class GpuVMLinker(VMLinker):
+    """PyTensor's VM linker, plus the CUDA check and the upload of pending host values.
+
+    Parameters
+    ----------
+    devices : sequence of int
+        The device labels the mode is meant for (stored as
+        ``cc2ops_devices``; the first is ``cc2ops_device``).
+    **kwargs
+        Passed to ``VMLinker`` (``use_cloop=True`` is the ``cvm`` linker).
+    """
+
+    def __init__(
+        self, *args: Any, devices: Sequence[int] = (0,), **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.cc2ops_devices = tuple(devices)
+
+    def accept(self, fgraph: Any, no_recycling: Any = None, profile: Any = None) -> Any:
+        no_recycling = _swap_deep_copies(fgraph, no_recycling)
+        new = super().accept(fgraph, no_recycling, profile)
+        new.cc2ops_devices = self.cc2ops_devices
+        return new
+
+    def make_all(
+        self,
+        profiler: Any = None,
+        input_storage: Any = None,
+        output_storage: Any = None,
+        storage_map: Any = None,
+    ) -> Any:
+        if _needs_cuda(self.fgraph):
+            require()
+        result = super().make_all(
+            profiler=profiler,
+            input_storage=input_storage,
+            output_storage=output_storage,
+            storage_map=storage_map,
+        )
+        _upload_pending(result[0].storage_map)
+        return result
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, devices={self.cc2ops_devices})"
+
+
+class GpuMode(Mode):
+    """A ``Mode`` that loads the GPU op modules before its optimizer is used."""
+
+    @property
+    def optimizer(self) -> Any:
+        load_gpu_op_modules()
+        return super().optimizer
+
+    @property
+    def cc2ops_devices(self) -> tuple[int, ...]:
+        """The device labels this mode was made for (for the multi-GPU rewriter)."""
+        return tuple(getattr(self.linker, "cc2ops_devices", (0,)))
+
+    @property
+    def cc2ops_device(self) -> int:
+        """The main device label of this mode."""
+        return self.cc2ops_devices[0]
+
+
+def mode(
+    device: int = 0,
+    devices: Sequence[int] | None = None,
+    *,
+    linker: str = "cvm",
+) -> GpuMode:
+    """The GPU mode for ``device``.
+
+    Parameters
+    ----------
+    device : int
+        The main device label (``mode.cc2ops_device``).
+    devices : sequence of int, optional
+        All device labels a multi-GPU graph may use (``mode.cc2ops_devices``,
+        ``device`` first); default ``(device,)``.
+    linker : {"cvm", "py"}
+        PyTensor's C-looped VM (C thunks for PyTensor's own host ops where a
+        compiler exists) or the pure-Python VM.
+
+    Returns
+    -------
+    GpuMode
+
+    Notes
+    -----
+    Building and rewriting graphs with this mode needs no GPU; compiling a
+    graph that has GPU-typed variables needs CUDA.
+    """
+    device = _check_label(device)
+    if devices is None:
+        labels: tuple[int, ...] = (device,)
+    else:
+        labels = tuple(_check_label(d) for d in devices)
+        if not labels:
+            raise ValueError("cc2ops.cuda.mode: devices must not be empty")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"cc2ops.cuda.mode: devices has repeated labels: {labels}")
+        if device not in labels:
+            raise ValueError(
+                f"cc2ops.cuda.mode: device {device} is not one of devices {labels}"
+            )
+        labels = (device, *(d for d in labels if d != device))
+    if linker == "cvm":
+        lk = GpuVMLinker(use_cloop=True, devices=labels)
+    elif linker == "py":
+        lk = GpuVMLinker(use_cloop=False, c_thunks=False, devices=labels)
+    else:
+        raise ValueError(
+            f"cc2ops.cuda.mode: linker must be one of {LINKERS}, got {linker!r}"
+        )
+    return GpuMode(linker=lk, optimizer="fast_run").including("cc2ops", "cc2ops_gpu")
+
+
+if MODE_NAME not in predefined_modes:
+    register_mode(MODE_NAME, mode(0))

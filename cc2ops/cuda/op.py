@@ -1,0 +1,216 @@
+"""The base class of every cc2ops GPU op.
+
+A GPU op is a :class:`~cc2ops._op.Cc2Op` whose inputs and outputs are
+:class:`~cc2ops.cuda.type.CudaArrayType` variables (plus host scalars or
+integer shapes where needed). Building and rewriting graphs with it never
+touches CUDA; CUDA is first touched when a compiled function is linked
+(:meth:`GpuOp.prepare_node` initialises the devices), and ``perform`` runs
+with the op's device current. GPU ops are never constant-folded: folding
+would run them while a graph is rewritten.
+
+The pattern for a GPU op (``cc2ops/cuda/<family>.py``)::
+
+    from pytensor.graph.basic import Apply
+
+    from cc2ops.cuda import array
+    from cc2ops.cuda.compile import get_kernel, launch, register_variants
+    from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable
+    from cc2ops.graph.lift import register_lift, to_gpu
+
+    class GpuScale(GpuOp):
+        __props__ = ("factor",)
+
+        def __init__(self, *, factor):
+            self.factor = float(factor)
+
+        def make_node(self, x):
+            x = as_gpu_variable(x, op="GpuScale", role="x")
+            return Apply(self, [x], [x.type()])
+
+        def perform(self, node, inputs, outputs):
+            (x,) = inputs
+            device = self.device_of(node)
+            out = array.empty(x.shape, x.dtype, device)
+            fn = get_kernel("scale", device, name="scale_f32", dtype="float32")
+            launch(fn, grid, block, [array.ascontiguous(x, device), out, ...], device)
+            outputs[0][0] = out
+
+        def _infer_shape(self, node, input_shapes):
+            return [input_shapes[0]]
+
+        def pullback(self, inputs, outputs, cotangents):
+            (g,) = cotangents
+            g = as_gpu_cotangent(g, self.device_of_var(inputs[0]))
+            return [GpuScale(factor=self.factor)(g)]
+
+    @register_lift(Scale)
+    def lift_scale(fgraph, node, device):
+        return [GpuScale(factor=node.op.factor)(to_gpu(node.inputs[0], device))]
+
+Kernel templates live in ``cc2ops/cuda/kernels/<family>.cu``; register their
+representative constants with ``@register_variants("<family>")`` so the CPU
+test suite compiles them. Outputs are allocated with
+:func:`cc2ops.cuda.array.empty` (the device pool);
+inputs may be non-contiguous views (``array.ascontiguous`` when a kernel needs
+C order). Cotangents may arrive host-typed (PyTensor adds gradient terms with
+host ops), so pullbacks pass them through :func:`as_gpu_cotangent`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.null_type import NullType
+
+from cc2ops._op import Cc2Op
+from cc2ops.cuda.availability import require
+from cc2ops.cuda.type import CudaArrayType
+
+__all__ = [
+    "GpuOp",
+    "common_device",
+    "as_gpu_variable",
+    "as_gpu_cotangent",
+    "devices_of",
+]
+
+
+def devices_of(variables: Any) -> list[int]:
+    """The distinct device labels of the GPU-typed ``variables``, in order."""
+    seen: list[int] = []
+    for v in variables:
+        t = getattr(v, "type", None)
+        if isinstance(t, CudaArrayType) and t.device not in seen:
+            seen.append(t.device)
+    return seen
+
+
+def common_device(op_name: str, *variables: Any) -> int:
+    """The one device label of the GPU-typed ``variables``, else ``ValueError``.
+
+    For ``make_node``: ``common_device("GpuFilterActs", images, filters)``
+    raises ``"GpuFilterActs: inputs live on devices 0 and 1"``.
+    """
+    labels = devices_of(variables)
+    if not labels:
+        raise ValueError(f"{op_name}: no input lives on a GPU")
+    if len(labels) > 1:
+        listed = ", ".join(str(d) for d in labels[:-1]) + f" and {labels[-1]}"
+        raise ValueError(f"{op_name}: inputs live on devices {listed}")
+    return labels[0]
+
+
+def as_gpu_variable(
+    x: Any, device: int | None = None, *, op: str = "GpuOp", role: str = "input"
+) -> Variable:
+    """``x`` if it is a GPU variable (on ``device`` when given), else an error.
+
+    For ``make_node``: ``as_gpu_variable(images, op="GpuFilterActs",
+    role="images")``. GPU ops do not move host data implicitly: a host input
+    (``TypeError``) means the graph should have been lifted
+    (``cc2ops.cuda.mode()`` does that) or the caller should wrap it in
+    ``gpu_from_host``; a GPU input on another device is a ``ValueError``.
+    """
+    if not isinstance(x, Variable):
+        raise TypeError(
+            f"{op}: {role} must be a GPU variable (CudaArrayType), got "
+            f"{type(x).__name__}; wrap host data in cc2ops.cuda.gpu_from_host"
+        )
+    if not isinstance(x.type, CudaArrayType):
+        raise TypeError(
+            f"{op}: {role} must be a GPU variable (CudaArrayType), got {x.type}; "
+            "compile with cc2ops.cuda.mode() to lift host graphs to the GPU, or wrap "
+            "it in cc2ops.cuda.gpu_from_host"
+        )
+    if device is not None and x.type.device != device:
+        raise ValueError(
+            f"{op}: {role} lives on device {x.type.device}, expected device {device}"
+        )
+    return x
+
+
+def as_gpu_cotangent(g: Variable, device: int) -> Variable:
+    """A cotangent as a GPU variable on ``device`` (disconnected/undefined pass).
+
+    Host cotangents get ``gpu_from_host``, GPU ones on another device get
+    ``gpu_to_gpu``.
+    """
+    if isinstance(g.type, (DisconnectedType, NullType)):
+        return g
+    from cc2ops.cuda.transfer import as_gpu
+
+    return as_gpu(g, device)
+
+
+class GpuOp(Cc2Op):
+    """Base class of the cc2ops GPU ops (see the module docstring for the pattern).
+
+    Subclasses implement ``make_node``, ``perform``, ``_infer_shape`` and
+    ``pullback`` as for any :class:`~cc2ops._op.Cc2Op`. This base class
+    initialises CUDA when a function using the op is linked, activates the
+    op's device around ``perform`` and forbids constant folding.
+    """
+
+    def do_constant_folding(self, fgraph: Any, node: Apply) -> bool:
+        return False
+
+    def device_of(self, node: Apply) -> int:
+        """The one device label of ``node``'s GPU inputs and outputs."""
+        labels = devices_of(list(node.inputs) + list(node.outputs))
+        if not labels:
+            raise ValueError(
+                f"{type(self).__name__}: the node has no GPU input or output"
+            )
+        if len(labels) > 1:
+            listed = ", ".join(str(d) for d in labels[:-1]) + f" and {labels[-1]}"
+            raise ValueError(f"{type(self).__name__}: the node spans devices {listed}")
+        return labels[0]
+
+    @staticmethod
+    def device_of_var(var: Variable) -> int:
+        """The device label of a GPU variable."""
+        if not isinstance(var.type, CudaArrayType):
+            raise TypeError(f"expected a GPU variable, got {var.type}")
+        return var.type.device
+
+    def thunk_device(self, node: Apply) -> int:
+        """The device made current around ``perform`` (default :meth:`device_of`)."""
+        return self.device_of(node)
+
+    def prepare_node(
+        self, node: Apply, storage_map: Any, compute_map: Any, impl: Any
+    ) -> None:
+        # linking is where CUDA is first touched: fail here with the clear message
+        require()
+        from cc2ops.cuda.device import get_device
+
+        for label in devices_of(list(node.inputs) + list(node.outputs)):
+            get_device(label)
+
+    def make_thunk(
+        self,
+        node: Apply,
+        storage_map: Any,
+        compute_map: Any,
+        no_recycling: Any,
+        impl: str | None = None,
+    ) -> Any:
+        from cc2ops.cuda.device import get_device
+
+        thunk = super().make_thunk(
+            node, storage_map, compute_map, no_recycling, impl=impl
+        )
+        dev = get_device(self.thunk_device(node))
+
+        def gpu_thunk(thunk: Any = thunk, dev: Any = dev) -> Any:
+            dev.activate()
+            return thunk()
+
+        gpu_thunk.inputs = thunk.inputs
+        gpu_thunk.outputs = thunk.outputs
+        gpu_thunk.lazy = getattr(thunk, "lazy", False)
+        if hasattr(thunk, "perform"):
+            gpu_thunk.perform = thunk.perform
+        return gpu_thunk

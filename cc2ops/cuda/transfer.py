@@ -1,0 +1,328 @@
+"""Transfers between the host and CUDA devices, as graph ops.
+
+``GpuFromHost(device)``
+    host tensor -> GPU array on ``device`` (copied on the device's stream).
+``HostFromGpu()``
+    GPU array -> host tensor (the device's stream is synchronised first, so
+    the numpy result is complete).
+``GpuToGpu(src, dst)``
+    GPU array on ``src`` -> a distinct GPU array on ``dst``: a device copy
+    when both labels share a physical device, else a peer copy with both
+    contexts given explicitly.
+
+Each is the other's pullback (``GpuToGpu(src, dst)``'s is ``GpuToGpu(dst,
+src)``), each infers its shape, and none is ever constant-folded: folding
+would run CUDA while a graph is rewritten, and a folded GPU constant would not
+survive pickling. Back-to-back pairs are cancelled by the rewrites in
+:mod:`cc2ops.graph.lift`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.null_type import NullType
+from pytensor.tensor.type import TensorType
+
+from cc2ops.cuda.array import (
+    SUPPORTED_KINDS,
+    ascontiguous,
+    copy,
+    empty,
+    ptr,
+    to_gpu,
+    to_host,
+)
+from cc2ops.cuda.availability import driver
+from cc2ops.cuda.device import get_device
+from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.type import CudaArrayType
+
+__all__ = [
+    "GpuFromHost",
+    "HostFromGpu",
+    "GpuToGpu",
+    "GpuDeepCopy",
+    "gpu_from_host",
+    "host_from_gpu",
+    "gpu_to_gpu",
+    "as_gpu",
+    "as_host",
+]
+
+
+def _check_device(op: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{op}: {name} must be an int device label, got {type(value).__name__}"
+        )
+    if value < 0:
+        raise ValueError(f"{op}: {name} must be >= 0, got {value}")
+    return value
+
+
+def _skip(t: Any) -> bool:
+    return isinstance(t.type, (DisconnectedType, NullType))
+
+
+class GpuFromHost(GpuOp):
+    """Copy a host tensor to device ``device``.
+
+    Parameters
+    ----------
+    device : int
+        Destination device label.
+
+    Notes
+    -----
+    The input may have any axis order and strides; the output is a new
+    C-contiguous GPUArray with the input's dtype and static shape.
+    """
+
+    __props__ = ("device",)
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = _check_device("GpuFromHost", "device", device)
+
+    def make_node(self, x: Any) -> Apply:
+        if isinstance(getattr(x, "type", None), CudaArrayType):
+            raise TypeError(
+                f"GpuFromHost: the input already lives on GPU device {x.type.device}; "
+                "use gpu_to_gpu to move it between devices"
+            )
+        try:
+            x = pt.as_tensor_variable(x)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise TypeError(
+                f"GpuFromHost: input must be a tensor, got {type(x).__name__}: {e}"
+            ) from e
+        if x.type.numpy_dtype.kind not in SUPPORTED_KINDS:
+            raise TypeError(
+                f"GpuFromHost: dtype {x.type.dtype} is not supported on the GPU"
+            )
+        out = CudaArrayType(x.type.dtype, x.type.shape, self.device)()
+        return Apply(self, [x], [out])
+
+    def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
+        outputs[0][0] = to_gpu(inputs[0], self.device)
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if _skip(g):
+            return [g]
+        return [as_host(g)]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (t,) = tangents
+        if _skip(t):
+            return [disconnected_type()]
+        return [as_gpu(t, self.device)]
+
+    def __str__(self) -> str:
+        return f"GpuFromHost{{device={self.device}}}"
+
+
+class HostFromGpu(GpuOp):
+    """Copy a GPU array to a host tensor (numpy, C-contiguous).
+
+    Notes
+    -----
+    Synchronises the source device's stream, so the result is complete when
+    the op returns.
+    """
+
+    __props__ = ()
+
+    def make_node(self, x: Any) -> Apply:
+        if not isinstance(getattr(x, "type", None), CudaArrayType):
+            got = getattr(x, "type", type(x).__name__)
+            raise TypeError(
+                f"HostFromGpu: input must be a GPU variable (CudaArrayType), got {got}"
+            )
+        out = TensorType(x.type.dtype, x.type.shape)()
+        return Apply(self, [x], [out])
+
+    def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
+        outputs[0][0] = to_host(inputs[0], node.inputs[0].type.device)
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if _skip(g):
+            return [g]
+        return [as_gpu(g, inputs[0].type.device)]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (t,) = tangents
+        if _skip(t):
+            return [disconnected_type()]
+        return [as_host(t)]
+
+    def __str__(self) -> str:
+        return "HostFromGpu"
+
+
+class GpuToGpu(GpuOp):
+    """Copy a GPU array from device ``src`` to device ``dst`` (always a new buffer).
+
+    Parameters
+    ----------
+    src, dst : int
+        Source and destination device labels (equal labels make a device
+        copy; the transfer-cancelling rewrites remove such nodes).
+
+    Notes
+    -----
+    Labels on one physical device copy on that device; different physical
+    devices use ``cuMemcpyPeer`` with both contexts passed explicitly, which
+    is ordered after all work queued on both devices.
+    """
+
+    __props__ = ("src", "dst")
+
+    def __init__(self, src: int, dst: int) -> None:
+        self.src = _check_device("GpuToGpu", "src", src)
+        self.dst = _check_device("GpuToGpu", "dst", dst)
+
+    def make_node(self, x: Any) -> Apply:
+        if not isinstance(getattr(x, "type", None), CudaArrayType):
+            got = getattr(x, "type", type(x).__name__)
+            raise TypeError(
+                f"GpuToGpu: input must be a GPU variable (CudaArrayType), got {got}"
+            )
+        if x.type.device != self.src:
+            raise ValueError(
+                f"GpuToGpu({self.src}->{self.dst}): the input lives on device "
+                f"{x.type.device}, not on the source device {self.src}"
+            )
+        return Apply(self, [x], [x.type.clone(device=self.dst)()])
+
+    def device_of(self, node: Apply) -> int:
+        return self.dst
+
+    def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
+        (x,) = inputs
+        src, dst = get_device(self.src), get_device(self.dst)
+        if src.shares_physical(dst):
+            outputs[0][0] = copy(x, self.dst)
+            return
+        contiguous = ascontiguous(x, self.src)
+        out = empty(contiguous.shape, contiguous.dtype, self.dst)
+        if out.nbytes:
+            driver().memcpy_peer(
+                ptr(out), ptr(contiguous), out.nbytes,
+                dest_context=dst.context, src_context=src.context,
+            )  # fmt: skip
+        dst.activate()
+        outputs[0][0] = out
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if _skip(g):
+            return [g]
+        return [as_gpu(g, self.src)]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (t,) = tangents
+        if _skip(t):
+            return [disconnected_type()]
+        return [as_gpu(t, self.dst)]
+
+    def __str__(self) -> str:
+        return f"GpuToGpu{{{self.src}->{self.dst}}}"
+
+
+class GpuDeepCopy(GpuOp):
+    """A fresh C-contiguous copy of a GPU array on its own device.
+
+    The GPU mode's linker puts it in place of PyTensor's ``DeepCopyOp`` on
+    GPU values (the copies that keep function outputs from aliasing inputs):
+    ``DeepCopyOp`` calls ``GPUArray.copy()``, which keeps the source's strides
+    and so cannot copy a view with gaps into a buffer of the view's size.
+    """
+
+    __props__ = ()
+
+    def make_node(self, x: Any) -> Apply:
+        if not isinstance(getattr(x, "type", None), CudaArrayType):
+            got = getattr(x, "type", type(x).__name__)
+            raise TypeError(f"GpuDeepCopy: input must be a GPU variable, got {got}")
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
+        outputs[0][0] = copy(inputs[0], node.inputs[0].type.device)
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if _skip(g):
+            return [g]
+        return [as_gpu(g, inputs[0].type.device)]
+
+    def __str__(self) -> str:
+        return "GpuDeepCopy"
+
+
+def gpu_from_host(x: Any, device: int = 0) -> Variable:
+    """``x`` (a host tensor or array-like) copied to device ``device``.
+
+    A GPU variable is moved with :func:`gpu_to_gpu` instead (or returned as is
+    when it already lives on ``device``).
+    """
+    if isinstance(getattr(x, "type", None), CudaArrayType):
+        return x if x.type.device == device else gpu_to_gpu(x, device)
+    return GpuFromHost(device)(x)
+
+
+def host_from_gpu(x: Variable) -> Variable:
+    """The host tensor of GPU variable ``x``."""
+    return HostFromGpu()(x)
+
+
+def gpu_to_gpu(x: Variable, dst: int) -> Variable:
+    """GPU variable ``x`` copied to device ``dst``."""
+    if not isinstance(getattr(x, "type", None), CudaArrayType):
+        got = getattr(x, "type", type(x).__name__)
+        raise TypeError(
+            f"gpu_to_gpu: input must be a GPU variable (CudaArrayType), got {got}"
+        )
+    return GpuToGpu(x.type.device, dst)(x)
+
+
+def as_gpu(x: Any, device: int) -> Variable:
+    """``x`` as a GPU variable on ``device``, with the fewest transfers.
+
+    A GPU variable on ``device`` passes; on another device it gets
+    :func:`gpu_to_gpu`. ``host_from_gpu(v)`` is unwrapped to ``v`` (moved if
+    needed); any other host tensor gets :func:`gpu_from_host`.
+    """
+    if isinstance(getattr(x, "type", None), CudaArrayType):
+        return x if x.type.device == device else gpu_to_gpu(x, device)
+    x = pt.as_tensor_variable(x)
+    owner = x.owner
+    if owner is not None and isinstance(owner.op, HostFromGpu):
+        return as_gpu(owner.inputs[0], device)
+    return GpuFromHost(device)(x)
+
+
+def as_host(x: Any) -> Variable:
+    """``x`` as a host tensor: ``gpu_from_host(h)`` is unwrapped to ``h``."""
+    if isinstance(getattr(x, "type", None), CudaArrayType):
+        owner = x.owner
+        if owner is not None and isinstance(owner.op, GpuFromHost):
+            return owner.inputs[0]
+        return host_from_gpu(x)
+    return pt.as_tensor_variable(x)
