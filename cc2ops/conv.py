@@ -176,7 +176,9 @@ def _pad(x: np.ndarray, padding: tuple[int, int]) -> np.ndarray:
 
 
 def _windows(
-    xp: np.ndarray, filter_hw: tuple[int, int], stride: tuple[int, int],
+    xp: np.ndarray,
+    filter_hw: tuple[int, int],
+    stride: tuple[int, int],
     out_hw: tuple[int, int],
 ) -> np.ndarray:
     """Strided (no-copy) view (B, C, Ho, Wo, kh, kw) of every filter position."""
@@ -417,8 +419,9 @@ def _static_pair(v: TensorVariable) -> tuple[int | None, int | None]:
                 try:
                     sl = slice(
                         *(
-                            None if e is None else
-                            int(get_underlying_scalar_constant_value(e))
+                            None
+                            if e is None
+                            else int(get_underlying_scalar_constant_value(e))
                             for e in (idx[0].start, idx[0].stop, idx[0].step)
                         )
                     )
@@ -695,7 +698,11 @@ class WeightActs(_ConvOp):
         khw = _hw_pair(op, "filter_hw", filter_hw)
         _check_batch(op, x.shape[0], dy.shape[0])
         check_conv_shapes(
-            op, x.shape, (dy.shape[1], None, *khw), self.stride, self.padding,
+            op,
+            x.shape,
+            (dy.shape[1], None, *khw),
+            self.stride,
+            self.padding,
             self.groups,
         )
         _check_gradient_hw(

@@ -102,8 +102,14 @@ def _pooled_shape(
 
 
 def _check_pooled(
-    op: str, role: str, shape: tuple, want: tuple, image_shape: tuple,
-    size: Pair, stride: Pair, start: Pair,
+    op: str,
+    role: str,
+    shape: tuple,
+    want: tuple,
+    image_shape: tuple,
+    size: Pair,
+    stride: Pair,
+    start: Pair,
 ) -> None:
     if tuple(shape) != tuple(want):
         raise ValueError(
@@ -128,9 +134,7 @@ class _Plan:
         self.n: list[int] = []
         self.pads: list[tuple[int, int]] = []
         self.first: list[int] = []  # padded index of window 0's first tap
-        for length, k, s, st in zip(
-            self.image_hw, size, stride, start, strict=True
-        ):
+        for length, k, s, st in zip(self.image_hw, size, stride, start, strict=True):
             n = int(pool_output_length(length, k, s, st))
             lo = max(0, -st)
             hi = max(0, st + (n - 1) * s + k - length)
@@ -160,10 +164,12 @@ class _Plan:
 
     def counts(self, start: Pair, dtype) -> np.ndarray:
         """Pixels in each clipped window, shape (Ho, Wo)."""
-        lo_r, hi_r = pool_window_bounds(self.image_hw[0], self.size[0], self.stride[0],
-                                        start[0])
-        lo_c, hi_c = pool_window_bounds(self.image_hw[1], self.size[1], self.stride[1],
-                                        start[1])
+        lo_r, hi_r = pool_window_bounds(
+            self.image_hw[0], self.size[0], self.stride[0], start[0]
+        )
+        lo_c, hi_c = pool_window_bounds(
+            self.image_hw[1], self.size[1], self.stride[1], start[1]
+        )
         return np.multiply.outer(hi_r - lo_r, hi_c - lo_c).astype(dtype)
 
 
@@ -277,8 +283,9 @@ def _avg_pool_grad(gy, image_hw, size, stride, start, op: str) -> np.ndarray:
     h, w = _hw_pair(op, image_hw)
     image_shape = (gy.shape[0], gy.shape[1], h, w)
     want = _pooled_shape(op, image_shape, size, stride, start)
-    _check_pooled(op, "output gradient", gy.shape, want, image_shape, size, stride,
-                  start)
+    _check_pooled(
+        op, "output gradient", gy.shape, want, image_shape, size, stride, start
+    )
     plan = _Plan((h, w), size, stride, start)
     g = gy / plan.counts(start, gy.dtype)
     rows = h + sum(plan.pads[0])
@@ -317,8 +324,12 @@ def max_pool_reference(
 
 
 def max_pool_grad_reference(
-    x: np.ndarray, y: np.ndarray, gy: np.ndarray, size: IntOrPair,
-    stride: IntOrPair | None, start: IntOrPair = 0,
+    x: np.ndarray,
+    y: np.ndarray,
+    gy: np.ndarray,
+    size: IntOrPair,
+    stride: IntOrPair | None,
+    start: IntOrPair = 0,
 ) -> np.ndarray:
     """Gradient of max pooling wrt the images (the reference ``MaxPoolGrad`` runs).
 
@@ -350,8 +361,12 @@ def max_pool_grad_reference(
 
 
 def max_pool_grad_grad_reference(
-    x: np.ndarray, y: np.ndarray, ggx: np.ndarray, size: IntOrPair,
-    stride: IntOrPair | None, start: IntOrPair = 0,
+    x: np.ndarray,
+    y: np.ndarray,
+    ggx: np.ndarray,
+    size: IntOrPair,
+    stride: IntOrPair | None,
+    start: IntOrPair = 0,
 ) -> np.ndarray:
     """Adjoint of :func:`max_pool_grad_reference` in its ``gy`` argument.
 
@@ -409,8 +424,11 @@ def avg_pool_reference(
 
 
 def avg_pool_grad_reference(
-    gy: np.ndarray, image_hw: Sequence[int], size: IntOrPair,
-    stride: IntOrPair | None, start: IntOrPair = 0,
+    gy: np.ndarray,
+    image_hw: Sequence[int],
+    size: IntOrPair,
+    stride: IntOrPair | None,
+    start: IntOrPair = 0,
 ) -> np.ndarray:
     """Gradient of average pooling wrt the images (the reference ``AvgPoolGrad`` runs).
 
@@ -486,7 +504,10 @@ class _Pool(Cc2Op):
     __props__ = ("size", "stride", "start")
 
     def __init__(
-        self, *, size: IntOrPair, stride: IntOrPair | None = None,
+        self,
+        *,
+        size: IntOrPair,
+        stride: IntOrPair | None = None,
         start: IntOrPair = 0,
     ):
         self.size, self.stride, self.start = _params(
@@ -502,8 +523,9 @@ class _Pool(Cc2Op):
 
     def _static_pooled(self, image_shape: Sequence[int | None]) -> tuple:
         """Static (B, C, Ho, Wo) of static images (B, C, H, W), validated."""
-        check_pool_params(self._name, self.size, self.stride, self.start,
-                          tuple(image_shape[2:]))
+        check_pool_params(
+            self._name, self.size, self.stride, self.start, tuple(image_shape[2:])
+        )
         hw = tuple(
             None if n is None else int(pool_output_length(n, k, s, st))
             for n, k, s, st in zip(
@@ -562,8 +584,9 @@ class MaxPool(_Pool):
 
     def perform(self, node, inputs, output_storage):
         (x,) = inputs
-        output_storage[0][0] = _max_pool(x, self.size, self.stride, self.start,
-                                         self._name)
+        output_storage[0][0] = _max_pool(
+            x, self.size, self.stride, self.start, self._name
+        )
 
     def _infer_shape(self, node, input_shapes):
         return [self._symbolic_pooled(input_shapes[0])]
@@ -737,8 +760,9 @@ class AvgPool(_Pool):
 
     def perform(self, node, inputs, output_storage):
         (x,) = inputs
-        output_storage[0][0] = _avg_pool(x, self.size, self.stride, self.start,
-                                         self._name)
+        output_storage[0][0] = _avg_pool(
+            x, self.size, self.stride, self.start, self._name
+        )
 
     def _infer_shape(self, node, input_shapes):
         return [self._symbolic_pooled(input_shapes[0])]
@@ -782,8 +806,9 @@ class AvgPoolGrad(_Pool):
             raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
         h, w = _static_hw(image_hw)
         image = (gy.type.shape[0], gy.type.shape[1], h, w)
-        self._check_static("output gradient", gy.type.shape,
-                           self._static_pooled(image), image)
+        self._check_static(
+            "output gradient", gy.type.shape, self._static_pooled(image), image
+        )
         out = pt.tensor(dtype=gy.type.dtype, shape=image)
         return Apply(self, [gy, image_hw], [out])
 
@@ -797,12 +822,14 @@ class AvgPoolGrad(_Pool):
         b, c = input_shapes[0][:2]
         h, w = node.outputs[0].type.shape[2:]
         hw = node.inputs[1]
-        return [(
-            b,
-            c,
-            pt.cast(hw[0], "int64") if h is None else h,
-            pt.cast(hw[1], "int64") if w is None else w,
-        )]
+        return [
+            (
+                b,
+                c,
+                pt.cast(hw[0], "int64") if h is None else h,
+                pt.cast(hw[1], "int64") if w is None else w,
+            )
+        ]
 
     def connection_pattern(self, node):
         return [[True], [False]]
@@ -810,8 +837,10 @@ class AvgPoolGrad(_Pool):
     def pullback(self, inputs, outputs, cotangents):
         gy, _ = inputs
         (g,) = cotangents
-        return [AvgPool(**self._params())(_as_dtype(g, gy.type.dtype)),
-                disconnected_type()]
+        return [
+            AvgPool(**self._params())(_as_dtype(g, gy.type.dtype)),
+            disconnected_type(),
+        ]
 
     def pushforward(self, inputs, outputs, tangents):
         gy, image_hw = inputs
@@ -834,7 +863,10 @@ def _build(op: _Pool, x, layout: str) -> TensorVariable:
 
 
 def max_pool2d(
-    x, size: IntOrPair, stride: IntOrPair | None = None, start: IntOrPair = 0,
+    x,
+    size: IntOrPair,
+    stride: IntOrPair | None = None,
+    start: IntOrPair = 0,
     layout: str = "bc01",
 ) -> TensorVariable:
     """Max pooling with cuda-convnet2's window rule.
@@ -871,7 +903,10 @@ def max_pool2d(
 
 
 def avg_pool2d(
-    x, size: IntOrPair, stride: IntOrPair | None = None, start: IntOrPair = 0,
+    x,
+    size: IntOrPair,
+    stride: IntOrPair | None = None,
+    start: IntOrPair = 0,
     layout: str = "bc01",
 ) -> TensorVariable:
     """Average pooling with cuda-convnet2's window rule.

@@ -449,4 +449,3 @@ def cross_map_norm(
     check_layout("CrossMapNorm", layout)
     x = float_tensor("CrossMapNorm", "x", x, 4, axes_doc(layout))
     return images_from_bc01(op(images_to_bc01(x, layout)), layout)
-

@@ -479,25 +479,32 @@ def test_pushforward(which):
     stride, padding, groups = ROP_CASE[7:]
     kw = dict(stride=stride, padding=padding, groups=groups)
     if which == "FilterActs":
-        build = lambda x, w: conv2d(x, w, **kw)  # noqa: E731
         shapes = (xs, ws)
-        ref = lambda a, b: naive_forward(a, b, stride, padding, groups)  # noqa: E731
+
+        def build(x, w):
+            return conv2d(x, w, **kw)
+
+        def ref(a, b):
+            return naive_forward(a, b, stride, padding, groups)
+
     elif which == "ImageActs":
-        build = lambda dy, w: ImageActs(**kw)(dy, w, xs[2:])  # noqa: E731
         shapes = (ys, ws)
-        ref = (
-            lambda a, b: naive_backward_data(  # noqa: E731
-                a, b, xs[2:], stride, padding, groups
-            )
-        )
+
+        def build(dy, w):
+            return ImageActs(**kw)(dy, w, xs[2:])
+
+        def ref(a, b):
+            return naive_backward_data(a, b, xs[2:], stride, padding, groups)
+
     else:
-        build = lambda x, dy: WeightActs(**kw)(x, dy, ws[2:])  # noqa: E731
         shapes = (xs, ys)
-        ref = (
-            lambda a, b: naive_backward_filter(  # noqa: E731
-                a, b, ws[2:], stride, padding, groups
-            )
-        )
+
+        def build(x, dy):
+            return WeightActs(**kw)(x, dy, ws[2:])
+
+        def ref(a, b):
+            return naive_backward_filter(a, b, ws[2:], stride, padding, groups)
+
     (a, b), (ta, tb), results = _rop_values(build, shapes)
     # bilinear: the directional derivative is exact
     want_both = ref(ta, b) + ref(a, tb)
