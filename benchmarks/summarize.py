@@ -1,0 +1,76 @@
+"""Regenerate BENCHMARKS.md from the newest result file of each benchmark.
+
+Usage::
+
+    python benchmarks/summarize.py            # writes BENCHMARKS.md at the repo root
+
+Every file under ``benchmarks/results/`` is kept as performance history; the
+summary shows, per benchmark, the newest file's table with its date, GPU,
+commit and peer. Text in ``benchmarks/notes/<benchmark>.md`` (what the bars
+are, what the next optimisation is) is placed under each table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from common import RESULTS_DIR, markdown_table
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTES = Path(__file__).resolve().parent / "notes"
+ORDER = ("conv", "layers", "step", "multi_gpu")
+HEADER = """# Benchmarks
+
+Measured by the scripts in `benchmarks/` (see each script's docstring), cc2ops
+against PyTorch/cuDNN in the same process. Times are medians of CUDA-event timings
+after warm-up; `ratio` = cc2ops_ms / peer_ms (below 1: cc2ops is faster). Every
+result file is kept under `benchmarks/results/`; this page shows the newest per
+benchmark and is regenerated with `python benchmarks/summarize.py`.
+"""
+
+
+def newest(results: Path) -> dict[str, tuple[Path, dict]]:
+    """``{benchmark: (path, document)}`` of the newest file per benchmark."""
+    best: dict[str, tuple[str, Path, dict]] = {}
+    for path in sorted(results.glob("*.json")):
+        doc = json.loads(path.read_text())
+        key = (doc.get("date", ""), path.name)
+        name = doc["benchmark"]
+        if name not in best or key > best[name][0]:
+            best[name] = (key, path, doc)
+    return {k: (p, d) for k, (_, p, d) in best.items()}
+
+
+def render(results: Path = RESULTS_DIR) -> str:
+    docs = newest(results)
+    names = [n for n in ORDER if n in docs] + sorted(set(docs) - set(ORDER))
+    parts = [HEADER]
+    if not names:
+        parts.append("\nNo results yet.\n")
+    for name in names:
+        path, doc = docs[name]
+        parts.append(f"\n## {name}\n")
+        parts.append(
+            f"{doc['gpu']}, {doc['date']}, commit `{doc['commit'][:10]}`, "
+            f"peer {doc['peer']} (`{path.relative_to(ROOT)}`)\n"
+        )
+        parts.append(markdown_table(doc["rows"]) + "\n")
+        note = NOTES / f"{name}.md"
+        if note.exists():
+            parts.append("\n" + note.read_text().strip() + "\n")
+    return "\n".join(parts)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    args = p.parse_args()
+    args.out.write_text(render(args.results))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
