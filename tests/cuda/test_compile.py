@@ -146,8 +146,8 @@ def test_render_errors():
 
 
 def test_default_kernel_names():
-    assert kernel_name("pool", kind="max", s=3, f=1.5, flag=True, name="ignored") == (
-        "pool_f1p5_flag1_kindmax_s3"
+    assert kernel_name("demo", kind="max", s=3, f=1.5, flag=True, name="ignored") == (
+        "demo_f1p5_flag1_kindmax_s3"
     )
     assert kernel_name("x", v=-0.25) == "x_vm0p25"
     assert kernel_name("x", tag="a-b") == "x_taga_b"
