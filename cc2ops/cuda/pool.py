@@ -1,0 +1,810 @@
+"""Max and average pooling on the GPU: the GPU ops of :mod:`cc2ops.pool`.
+
+``GpuMaxPool``, ``GpuMaxPoolGrad``, ``GpuMaxPoolGradGrad``, ``GpuAvgPool`` and
+``GpuAvgPoolGrad`` compute what their host ops compute (same ``__props__``:
+``size``, ``stride``, ``start``; the window rule of :mod:`cc2ops.shapes`) on
+bc01 arrays (B, C, H, W) of float32 or float64; c01b graphs reach them through
+the builders' dimshuffles. Their pullbacks and pushforwards mirror the host
+ops', building GPU ops, so the family stays closed under differentiation on
+the GPU. ``@register_lift`` rules move the host ops here in
+``cc2ops.cuda.mode()``.
+
+Kernels (``kernels/pool.cu``) are specialised on the window, stride, start,
+dtype and index width, e.g. ``max_pool_fwd_s3_st2_f32``. The module-level
+functions :func:`max_pool_forward`, :func:`max_pool_grad`,
+:func:`max_pool_grad_grad`, :func:`avg_pool_forward` and :func:`avg_pool_grad`
+launch them on GPUArrays (what ``perform`` runs; benchmarks call them
+directly).
+
+What the gradients reuse and recompute: :class:`GpuMaxPoolGrad` reuses the
+forward output ``y`` and finds each window's first maximum by comparing ``x``
+with ``y`` (gather: each input pixel visits the windows that cover it, no
+atomics, deterministic); :class:`GpuAvgPoolGrad` needs only ``gy`` and the
+image size and recomputes the clipped window counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.graph.basic import Apply, Variable
+from pytensor.tensor.shape import Shape_i
+
+from cc2ops._op import FLOAT_DTYPES, int_tensor
+from cc2ops.cuda import array
+from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
+from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.type import CudaArrayType
+from cc2ops.graph.lift import register_lift, to_gpu
+from cc2ops.pool import AvgPool, AvgPoolGrad, MaxPool, MaxPoolGrad, MaxPoolGradGrad
+from cc2ops.shapes import (
+    check_pool_params,
+    pair,
+    pool_output_length,
+    pool_output_shape,
+)
+
+__all__ = [
+    "GpuMaxPool",
+    "GpuMaxPoolGrad",
+    "GpuMaxPoolGradGrad",
+    "GpuAvgPool",
+    "GpuAvgPoolGrad",
+    "max_pool_forward",
+    "max_pool_grad",
+    "max_pool_grad_grad",
+    "avg_pool_forward",
+    "avg_pool_grad",
+    "pool_kernel_name",
+]
+
+Pair = tuple[int, int]
+_BC01 = "(B, C, H, W)"
+_BLOCK = 256
+_KINDS = ("max_fwd", "max_grad", "max_gradgrad", "avg_fwd", "avg_grad")
+_DT = {"float32": "f32", "float64": "f64"}
+
+
+# --------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------
+
+
+def _pair_tag(prefix: str, p: Pair) -> str:
+    def num(v: int) -> str:
+        return f"m{-v}" if v < 0 else str(v)
+
+    body = num(p[0]) if p[0] == p[1] else f"{num(p[0])}x{num(p[1])}"
+    return f"_{prefix}{body}"
+
+
+@register_namer("pool")
+def pool_kernel_name(
+    kind: str,
+    sy: int,
+    sx: int,
+    ty: int,
+    tx: int,
+    oy: int,
+    ox: int,
+    dtype: str,
+    wide: bool,
+    **_: Any,
+) -> str:
+    """``max_pool_fwd_s3_st2_f32``-style names: kind, window, stride, start, dtype.
+
+    The start appears only when it is not 0 (``_o1``, ``_om1`` for -1), the
+    index width only when it is 64-bit (``_i64``).
+    """
+    op, _, pas = kind.partition("_")
+    name = f"{op}_pool_{pas}" + _pair_tag("s", (sy, sx)) + _pair_tag("st", (ty, tx))
+    if (oy, ox) != (0, 0):
+        name += _pair_tag("o", (oy, ox))
+    name += f"_{_DT[dtype]}"
+    if wide:
+        name += "_i64"
+    return name
+
+
+def _consts(
+    kind: str, size: Pair, stride: Pair, start: Pair, dtype: str, wide: bool
+) -> dict[str, Any]:
+    c: dict[str, Any] = dict(
+        kind=kind,
+        sy=int(size[0]),
+        sx=int(size[1]),
+        ty=int(stride[0]),
+        tx=int(stride[1]),
+        oy=int(start[0]),
+        ox=int(start[1]),
+        dtype=str(dtype),
+        wide=bool(wide),
+    )
+    c["name"] = pool_kernel_name(**c)
+    return c
+
+
+@register_variants("pool")
+def _pool_variants() -> list[dict[str, Any]]:
+    out = [_consts(k, (3, 3), (2, 2), (0, 0), "float32", False) for k in _KINDS]
+    out.append(_consts("max_fwd", (2, 3), (3, 1), (1, -1), "float64", True))
+    out.append(_consts("max_grad", (2, 3), (3, 1), (1, -1), "float64", True))
+    out.append(_consts("avg_grad", (2, 2), (1, 2), (0, 1), "float64", False))
+    return out
+
+
+def _launch(
+    kind: str,
+    args: Sequence[Any],
+    n: int,
+    wide: bool,
+    size: Pair,
+    stride: Pair,
+    start: Pair,
+    dtype: str,
+    device: int,
+) -> None:
+    """Launch ``kind`` over ``n`` elements (one thread each, grid-stride)."""
+    if n == 0:
+        return
+    from cc2ops.cuda.device import get_device
+
+    dev = get_device(device)
+    consts = _consts(kind, size, stride, start, dtype, wide)
+    fn = get_kernel("pool", device, **consts)
+    grid = max(1, min((n + _BLOCK - 1) // _BLOCK, dev.multiprocessors * 16))
+    launch(fn, grid, _BLOCK, list(args), device)
+
+
+def _index_args(image: tuple, pooled: tuple) -> tuple[bool, list[Any]]:
+    """(wide, [planes, H, W, Ho, Wo]): 64-bit indices when an array needs them."""
+    b, c, h, w = image
+    wide = max(b * c * h * w, b * c * pooled[2] * pooled[3]) >= 2**31
+    planes = np.int64(b * c) if wide else np.uint32(b * c)
+    return wide, [planes, np.int32(h), np.int32(w)] + [
+        np.int32(pooled[2]),
+        np.int32(pooled[3]),
+    ]
+
+
+def _norm_params(
+    op: str, size: Any, stride: Any, start: Any
+) -> tuple[Pair, Pair, Pair]:
+    size = pair(size, "size", op)
+    stride = size if stride is None else pair(stride, "stride", op)
+    start = pair(start, "start", op)
+    check_pool_params(op, size, stride, start)
+    return size, stride, start
+
+
+def _check_array(op: str, role: str, a: Any) -> None:
+    if len(a.shape) != 4:
+        raise ValueError(f"{op}: {role} must have 4 dims {_BC01}, got {len(a.shape)}")
+    if str(a.dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {role} must be float32 or float64, got {a.dtype}")
+
+
+def _check_shape(op: str, role: str, got: Any, want: tuple, image: tuple) -> None:
+    if tuple(got) != tuple(want):
+        raise ValueError(
+            f"{op}: {role} shape {tuple(got)} does not match the pooled shape "
+            f"{tuple(want)} of images {tuple(image)}"
+        )
+
+
+def _pooled(op: str, shape: tuple, size: Pair, stride: Pair, start: Pair) -> tuple:
+    ho, wo = pool_output_shape(tuple(shape[2:]), size, stride, start, op)
+    return (int(shape[0]), int(shape[1]), ho, wo)
+
+
+def max_pool_forward(
+    x: Any,
+    size: Any,
+    stride: Any = None,
+    start: Any = 0,
+    *,
+    device: int = 0,
+    op: str = "GpuMaxPool",
+) -> Any:
+    """Max pooling of a GPUArray ``x`` (B, C, H, W); returns ``y`` (B, C, Ho, Wo).
+
+    Launched on ``device``'s stream (asynchronous). ``x`` may be a strided
+    view (it is made contiguous first).
+    """
+    size, stride, start = _norm_params(op, size, stride, start)
+    _check_array(op, "images", x)
+    x = array.ascontiguous(x, device)
+    shape = tuple(int(s) for s in x.shape)
+    out_shape = _pooled(op, shape, size, stride, start)
+    y = array.empty(out_shape, x.dtype, device)
+    wide, geometry = _index_args(shape, out_shape)
+    n = int(np.prod(out_shape))
+    _launch("max_fwd", [x, y, *geometry], n, wide, size, stride, start, x.dtype, device)
+    return y
+
+
+def _max_backward(
+    kind: str,
+    x: Any,
+    y: Any,
+    t: Any,
+    t_role: str,
+    t_pooled: bool,
+    size: Any,
+    stride: Any,
+    start: Any,
+    device: int,
+    op: str,
+) -> Any:
+    size, stride, start = _norm_params(op, size, stride, start)
+    for role, a in (("images", x), ("pooled output", y), (t_role, t)):
+        _check_array(op, role, a)
+    if not x.dtype == y.dtype == t.dtype:
+        raise TypeError(
+            f"{op}: inputs must share one float dtype, got images {x.dtype}, "
+            f"pooled output {y.dtype}, {t_role} {t.dtype}"
+        )
+    image = tuple(int(s) for s in x.shape)
+    pooled = _pooled(op, image, size, stride, start)
+    _check_shape(op, "pooled output", y.shape, pooled, image)
+    if t_pooled:
+        _check_shape(op, t_role, t.shape, pooled, image)
+    elif tuple(t.shape) != image:
+        raise ValueError(
+            f"{op}: {t_role} shape {tuple(t.shape)} must equal the image shape {image}"
+        )
+    x, y, t = (array.ascontiguous(a, device) for a in (x, y, t))
+    out_shape = image if kind == "max_grad" else pooled
+    out = array.empty(out_shape, x.dtype, device)
+    wide, geometry = _index_args(image, pooled)
+    n = int(np.prod(out_shape))
+    _launch(
+        kind, [x, y, t, out, *geometry], n, wide, size, stride, start, x.dtype,
+        device,
+    )  # fmt: skip
+    return out
+
+
+def max_pool_grad(
+    x: Any,
+    y: Any,
+    gy: Any,
+    size: Any,
+    stride: Any = None,
+    start: Any = 0,
+    *,
+    device: int = 0,
+    op: str = "GpuMaxPoolGrad",
+) -> Any:
+    """Gradient of max pooling: GPUArrays ``x`` (B, C, H, W), ``y`` and ``gy``
+    (B, C, Ho, Wo) give ``gx`` (B, C, H, W); each window's ``gy`` goes to its
+    first pixel (row-major) equal to ``y``."""
+    return _max_backward(
+        "max_grad", x, y, gy, "output gradient", True, size, stride, start,
+        device, op,
+    )  # fmt: skip
+
+
+def max_pool_grad_grad(
+    x: Any,
+    y: Any,
+    ggx: Any,
+    size: Any,
+    stride: Any = None,
+    start: Any = 0,
+    *,
+    device: int = 0,
+    op: str = "GpuMaxPoolGradGrad",
+) -> Any:
+    """Adjoint of :func:`max_pool_grad` in ``gy``: ``ggx`` (B, C, H, W) at each
+    window's first maximum, ``ggy`` (B, C, Ho, Wo)."""
+    return _max_backward(
+        "max_gradgrad", x, y, ggx, "input gradient", False, size, stride, start,
+        device, op,
+    )  # fmt: skip
+
+
+def avg_pool_forward(
+    x: Any,
+    size: Any,
+    stride: Any = None,
+    start: Any = 0,
+    *,
+    device: int = 0,
+    op: str = "GpuAvgPool",
+) -> Any:
+    """Average pooling of a GPUArray ``x`` (B, C, H, W) over clipped windows;
+    returns ``y`` (B, C, Ho, Wo), each window divided by its pixel count."""
+    size, stride, start = _norm_params(op, size, stride, start)
+    _check_array(op, "images", x)
+    x = array.ascontiguous(x, device)
+    shape = tuple(int(s) for s in x.shape)
+    out_shape = _pooled(op, shape, size, stride, start)
+    y = array.empty(out_shape, x.dtype, device)
+    wide, geometry = _index_args(shape, out_shape)
+    n = int(np.prod(out_shape))
+    _launch("avg_fwd", [x, y, *geometry], n, wide, size, stride, start, x.dtype, device)
+    return y
+
+
+def avg_pool_grad(
+    gy: Any,
+    image_hw: Sequence[int],
+    size: Any,
+    stride: Any = None,
+    start: Any = 0,
+    *,
+    device: int = 0,
+    op: str = "GpuAvgPoolGrad",
+) -> Any:
+    """Gradient of average pooling: ``gy`` (B, C, Ho, Wo) and the image size
+    ``(H, W)`` give ``gx`` (B, C, H, W), each pixel summing ``gy / count`` over
+    the windows that hold it."""
+    size, stride, start = _norm_params(op, size, stride, start)
+    _check_array(op, "output gradient", gy)
+    hw = np.asarray(image_hw)
+    if hw.dtype.kind not in "iu":
+        raise TypeError(f"{op}: image_hw must have an integer dtype, got {hw.dtype}")
+    if hw.shape != (2,):
+        raise ValueError(
+            f"{op}: image_hw must have 2 entries (H, W), got {hw.tolist()!r}"
+        )
+    h, w = int(hw[0]), int(hw[1])
+    b, c = int(gy.shape[0]), int(gy.shape[1])
+    image = (b, c, h, w)
+    pooled = _pooled(op, image, size, stride, start)
+    _check_shape(op, "output gradient", gy.shape, pooled, image)
+    gy = array.ascontiguous(gy, device)
+    gx = array.empty(image, gy.dtype, device)
+    wide, geometry = _index_args(image, pooled)
+    n = b * c * h * w
+    _launch(
+        "avg_grad", [gy, gx, *geometry], n, wide, size, stride, start, gy.dtype,
+        device,
+    )  # fmt: skip
+    return gx
+
+
+# --------------------------------------------------------------------------
+# ops
+# --------------------------------------------------------------------------
+
+
+def _gpu_images(op: str, role: str, x: Any) -> Variable:
+    """``x`` as a 4-d float GPU variable, else ``TypeError`` naming ``role``."""
+    x = as_gpu_variable(x, op=op, role=role)
+    if x.type.ndim != 4:
+        raise TypeError(f"{op}: {role} must have 4 dims {_BC01}, got {x.type.ndim}")
+    if x.type.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
+    return x
+
+
+def gpu_cotangent(g: Variable, dtype: str, device: int) -> Variable:
+    """A cotangent on ``device`` in ``dtype`` (disconnected/undefined ones pass).
+
+    Host cotangents of another dtype are cast on the host before the upload.
+    """
+    if isinstance(g.type, DisconnectedType) or not hasattr(g.type, "dtype"):
+        return as_gpu_cotangent(g, device)
+    if g.type.dtype != dtype:
+        from cc2ops.cuda.transfer import as_host
+
+        g = as_host(g).astype(dtype)
+    return as_gpu_cotangent(g, device)
+
+
+def _gpu_zeros_like(x: Variable) -> Variable:
+    return as_gpu_cotangent(pt.zeros_like(x), x.type.device)
+
+
+def _disconnected(v: Any) -> bool:
+    return isinstance(getattr(v, "type", None), DisconnectedType)
+
+
+def _merge(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
+    out = []
+    for dims in zip(*shapes, strict=True):
+        known = [d for d in dims if d is not None]
+        out.append(known[0] if known else None)
+    return tuple(out)
+
+
+class _GpuPool(GpuOp):
+    """Parameters, validation and shape rules shared by the GPU pooling ops."""
+
+    __props__ = ("size", "stride", "start")
+
+    def __init__(self, *, size: Any, stride: Any = None, start: Any = 0) -> None:
+        self.size, self.stride, self.start = _norm_params(
+            type(self).__name__, size, stride, start
+        )
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    def _params(self) -> dict[str, Pair]:
+        return dict(size=self.size, stride=self.stride, start=self.start)
+
+    def _static_pooled(self, image_shape: Sequence[int | None]) -> tuple:
+        check_pool_params(
+            self._name, self.size, self.stride, self.start, tuple(image_shape[2:])
+        )
+        hw = tuple(
+            None if n is None else int(pool_output_length(n, k, s, st))
+            for n, k, s, st in zip(
+                image_shape[2:], self.size, self.stride, self.start, strict=True
+            )
+        )
+        return (image_shape[0], image_shape[1], *hw)
+
+    def _symbolic_pooled(self, image_shape: Sequence) -> tuple:
+        b, c, h, w = image_shape
+        return (
+            b,
+            c,
+            pool_output_length(h, self.size[0], self.stride[0], self.start[0]),
+            pool_output_length(w, self.size[1], self.stride[1], self.start[1]),
+        )
+
+    def _check_static(
+        self, role: str, got: Sequence, want: Sequence, image_shape: Sequence
+    ) -> None:
+        if any(
+            g is not None and w is not None and g != w
+            for g, w in zip(got, want, strict=True)
+        ):
+            raise ValueError(
+                f"{self._name}: {role} shape {tuple(got)} does not match the pooled "
+                f"shape {tuple(want)} of images {tuple(image_shape)} with size "
+                f"{self.size}, stride {self.stride}, start {self.start}"
+            )
+
+
+class GpuMaxPool(_GpuPool):
+    """Max pooling of GPU images: ``GpuMaxPool(size=...)(x) -> y``.
+
+    Parameters
+    ----------
+    size, stride, start : int or pair of int
+        As in :class:`cc2ops.pool.MaxPool` (stride defaults to size).
+
+    Notes
+    -----
+    ``x`` (B, C, H, W) float32/float64 GPU variable; ``y`` (B, C, Ho, Wo) on
+    the same device, windows clipped to the image, a NaN in a window makes
+    it NaN. Pullback :class:`GpuMaxPoolGrad`, pushforward
+    :class:`GpuMaxPoolGradGrad`.
+    """
+
+    def make_node(self, x: Any) -> Apply:
+        x = _gpu_images(self._name, "images", x)
+        shape = self._static_pooled(x.type.shape)
+        out = CudaArrayType(x.type.dtype, shape, x.type.device)()
+        return Apply(self, [x], [out])
+
+    def perform(self, node, inputs, output_storage):
+        (x,) = inputs
+        output_storage[0][0] = max_pool_forward(
+            x, **self._params(), device=self.device_of(node), op=self._name
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        return [self._symbolic_pooled(input_shapes[0])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (x,), (y,), (gy,) = inputs, outputs, cotangents
+        gy = gpu_cotangent(gy, x.type.dtype, x.type.device)
+        return [GpuMaxPoolGrad(**self._params())(x, y, gy)]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (x,), (y,), (dx,) = inputs, outputs, tangents
+        if _disconnected(dx):
+            return [disconnected_type()]
+        dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
+        return [GpuMaxPoolGradGrad(**self._params())(x, y, dx)]
+
+
+class _GpuMaxPoolBackward(_GpuPool):
+    """``op(x, y, t)`` with ``y`` the max-pooled ``x``; linear in ``t``."""
+
+    _t_role: str
+    _t_pooled: bool
+    _out_pooled: bool
+
+    def make_node(self, x: Any, y: Any, t: Any) -> Apply:
+        op = self._name
+        x = _gpu_images(op, "images", x)
+        y = _gpu_images(op, "pooled output", y)
+        t = _gpu_images(op, self._t_role, t)
+        device = common_device(op, x, y, t)
+        dtypes = {"images": x.type.dtype, "pooled output": y.type.dtype}
+        dtypes[self._t_role] = t.type.dtype
+        if len(set(dtypes.values())) != 1:
+            got = ", ".join(f"{k} {v}" for k, v in dtypes.items())
+            raise TypeError(f"{op}: inputs must share one float dtype, got {got}")
+        pooled = self._static_pooled(x.type.shape)
+        self._check_static("pooled output", y.type.shape, pooled, x.type.shape)
+        if self._t_pooled:
+            self._check_static(self._t_role, t.type.shape, pooled, x.type.shape)
+            pooled = _merge(pooled, y.type.shape, t.type.shape)
+            image = x.type.shape
+        else:
+            if any(
+                g is not None and w is not None and g != w
+                for g, w in zip(t.type.shape, x.type.shape, strict=True)
+            ):
+                raise ValueError(
+                    f"{op}: {self._t_role} shape {t.type.shape} must equal the image "
+                    f"shape {x.type.shape}"
+                )
+            image = _merge(x.type.shape, t.type.shape)
+            pooled = _merge(pooled, y.type.shape)
+        shape = pooled if self._out_pooled else image
+        out = CudaArrayType(x.type.dtype, shape, device)()
+        return Apply(self, [x, y, t], [out])
+
+
+class GpuMaxPoolGrad(_GpuMaxPoolBackward):
+    """Gradient of :class:`GpuMaxPool` wrt its images: ``(x, y, gy) -> gx``.
+
+    Parameters
+    ----------
+    size, stride, start : int or pair of int
+        As in :class:`GpuMaxPool`.
+
+    Notes
+    -----
+    ``x`` (B, C, H, W), ``y`` and ``gy`` (B, C, Ho, Wo), GPU, one dtype.
+    ``gx`` (B, C, H, W): each window's ``gy`` at the first pixel
+    (row-major) equal to ``y``. Reuses the forward's ``y`` instead of
+    recomputing the maxima; every input pixel gathers from the windows that
+    cover it (deterministic, no atomics). Pullback wrt ``gy``
+    :class:`GpuMaxPoolGradGrad`; wrt ``x`` and ``y`` zeros (piecewise
+    constant), as the host op.
+    """
+
+    _t_role = "output gradient"
+    _t_pooled = True
+    _out_pooled = False
+
+    def perform(self, node, inputs, output_storage):
+        x, y, gy = inputs
+        output_storage[0][0] = max_pool_grad(
+            x, y, gy, **self._params(), device=self.device_of(node), op=self._name
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, y, _ = inputs
+        ggx = gpu_cotangent(cotangents[0], x.type.dtype, x.type.device)
+        ggy = GpuMaxPoolGradGrad(**self._params())(x, y, ggx)
+        return [_gpu_zeros_like(x), _gpu_zeros_like(y), ggy]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, y, _ = inputs
+        dgy = tangents[2]
+        if _disconnected(dgy):
+            if all(_disconnected(t) for t in tangents):
+                return [disconnected_type()]
+            return [_gpu_zeros_like(outputs[0])]
+        dgy = gpu_cotangent(dgy, x.type.dtype, x.type.device)
+        return [GpuMaxPoolGrad(**self._params())(x, y, dgy)]
+
+
+class GpuMaxPoolGradGrad(_GpuMaxPoolBackward):
+    """Adjoint of :class:`GpuMaxPoolGrad` in ``gy``: ``(x, y, ggx) -> ggy``.
+
+    Parameters
+    ----------
+    size, stride, start : int or pair of int
+        As in :class:`GpuMaxPool`.
+
+    Notes
+    -----
+    ``x`` and ``ggx`` (B, C, H, W), ``y`` (B, C, Ho, Wo), GPU, one dtype;
+    ``ggy`` (B, C, Ho, Wo) is ``ggx`` at each window's first maximum (0 where
+    no pixel equals ``y``). One thread per window scans it in row-major
+    order. Pullback wrt ``ggx`` :class:`GpuMaxPoolGrad`, wrt ``x``, ``y``
+    zeros.
+    """
+
+    _t_role = "input gradient"
+    _t_pooled = False
+    _out_pooled = True
+
+    def perform(self, node, inputs, output_storage):
+        x, y, ggx = inputs
+        output_storage[0][0] = max_pool_grad_grad(
+            x, y, ggx, **self._params(), device=self.device_of(node), op=self._name
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        return [self._symbolic_pooled(input_shapes[0])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, y, _ = inputs
+        g = gpu_cotangent(cotangents[0], x.type.dtype, x.type.device)
+        gx = GpuMaxPoolGrad(**self._params())(x, y, g)
+        return [_gpu_zeros_like(x), _gpu_zeros_like(y), gx]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, y, _ = inputs
+        dggx = tangents[2]
+        if _disconnected(dggx):
+            if all(_disconnected(t) for t in tangents):
+                return [disconnected_type()]
+            return [_gpu_zeros_like(outputs[0])]
+        dggx = gpu_cotangent(dggx, x.type.dtype, x.type.device)
+        return [GpuMaxPoolGradGrad(**self._params())(x, y, dggx)]
+
+
+def _hw_vector(x: Variable) -> Variable:
+    """(H, W) of GPU images as a host int64 vector (a constant when static)."""
+    h, w = x.type.shape[2:]
+    if h is not None and w is not None:
+        return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
+    return pt.stack([Shape_i(2)(x), Shape_i(3)(x)])
+
+
+class GpuAvgPool(_GpuPool):
+    """Average pooling of GPU images: ``GpuAvgPool(size=...)(x) -> y``.
+
+    Parameters
+    ----------
+    size, stride, start : int or pair of int
+        As in :class:`cc2ops.pool.AvgPool`.
+
+    Notes
+    -----
+    ``x`` (B, C, H, W) float32/float64 GPU variable; ``y`` (B, C, Ho, Wo).
+    Each window is clipped to the image and divided by its pixel count;
+    sums accumulate in the input dtype. Pullback :class:`GpuAvgPoolGrad`,
+    pushforward ``GpuAvgPool`` of the tangent.
+    """
+
+    def make_node(self, x: Any) -> Apply:
+        x = _gpu_images(self._name, "images", x)
+        shape = self._static_pooled(x.type.shape)
+        out = CudaArrayType(x.type.dtype, shape, x.type.device)()
+        return Apply(self, [x], [out])
+
+    def perform(self, node, inputs, output_storage):
+        (x,) = inputs
+        output_storage[0][0] = avg_pool_forward(
+            x, **self._params(), device=self.device_of(node), op=self._name
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        return [self._symbolic_pooled(input_shapes[0])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (x,), (gy,) = inputs, cotangents
+        gy = gpu_cotangent(gy, x.type.dtype, x.type.device)
+        return [GpuAvgPoolGrad(**self._params())(gy, _hw_vector(x))]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (x,), (dx,) = inputs, tangents
+        if _disconnected(dx):
+            return [disconnected_type()]
+        dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
+        return [GpuAvgPool(**self._params())(dx)]
+
+
+class GpuAvgPoolGrad(_GpuPool):
+    """Gradient of :class:`GpuAvgPool`: ``(gy, image_hw) -> gx``.
+
+    Parameters
+    ----------
+    size, stride, start : int or pair of int
+        As in :class:`GpuAvgPool`.
+
+    Notes
+    -----
+    ``gy`` (B, C, Ho, Wo) float32/float64 GPU variable and ``image_hw`` a
+    host integer vector (H, W); ``gx`` (B, C, H, W). Each input pixel sums
+    ``gy / count`` over the windows that hold it (gather, deterministic); the
+    clipped counts are recomputed. Pullback wrt ``gy`` is ``GpuAvgPool`` of
+    the cotangent; ``image_hw`` is disconnected.
+    """
+
+    def make_node(self, gy: Any, image_hw: Any) -> Apply:
+        from cc2ops.pool import _static_hw
+
+        op = self._name
+        gy = _gpu_images(op, "output gradient", gy)
+        image_hw = int_tensor(op, "image_hw", image_hw, 1, "(H, W)")
+        length = image_hw.type.shape[0]
+        if length is not None and length != 2:
+            raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
+        h, w = _static_hw(image_hw)
+        image = (gy.type.shape[0], gy.type.shape[1], h, w)
+        self._check_static(
+            "output gradient", gy.type.shape, self._static_pooled(image), image
+        )
+        out = CudaArrayType(gy.type.dtype, image, gy.type.device)()
+        return Apply(self, [gy, image_hw], [out])
+
+    def perform(self, node, inputs, output_storage):
+        gy, image_hw = inputs
+        output_storage[0][0] = avg_pool_grad(
+            gy, image_hw, **self._params(), device=self.device_of(node), op=self._name
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        b, c = input_shapes[0][:2]
+        h, w = node.outputs[0].type.shape[2:]
+        hw = node.inputs[1]
+        return [
+            (
+                b,
+                c,
+                pt.cast(hw[0], "int64") if h is None else h,
+                pt.cast(hw[1], "int64") if w is None else w,
+            )
+        ]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        gy, _ = inputs
+        g = gpu_cotangent(cotangents[0], gy.type.dtype, gy.type.device)
+        return [GpuAvgPool(**self._params())(g), disconnected_type()]
+
+    def pushforward(self, inputs, outputs, tangents):
+        gy, image_hw = inputs
+        dgy = tangents[0]
+        if _disconnected(dgy):
+            return [disconnected_type()]
+        dgy = gpu_cotangent(dgy, gy.type.dtype, gy.type.device)
+        return [GpuAvgPoolGrad(**self._params())(dgy, image_hw)]
+
+
+# --------------------------------------------------------------------------
+# lifting
+# --------------------------------------------------------------------------
+
+
+@register_lift(MaxPool)
+def lift_max_pool(fgraph: Any, node: Apply, device: int) -> list[Variable]:
+    """``MaxPool(x) -> host_from_gpu(GpuMaxPool(gpu(x)))``."""
+    return [GpuMaxPool(**node.op._props_dict())(to_gpu(node.inputs[0], device))]
+
+
+@register_lift(MaxPoolGrad)
+def lift_max_pool_grad(fgraph: Any, node: Apply, device: int) -> list[Variable]:
+    """``MaxPoolGrad(x, y, gy) -> host_from_gpu(GpuMaxPoolGrad(gpu(x), gpu(y),
+    gpu(gy)))``."""
+    x, y, gy = (to_gpu(v, device) for v in node.inputs)
+    return [GpuMaxPoolGrad(**node.op._props_dict())(x, y, gy)]
+
+
+@register_lift(MaxPoolGradGrad)
+def lift_max_pool_grad_grad(fgraph: Any, node: Apply, device: int) -> list[Variable]:
+    """``MaxPoolGradGrad(x, y, ggx) -> host_from_gpu(GpuMaxPoolGradGrad(...))``."""
+    x, y, ggx = (to_gpu(v, device) for v in node.inputs)
+    return [GpuMaxPoolGradGrad(**node.op._props_dict())(x, y, ggx)]
+
+
+@register_lift(AvgPool)
+def lift_avg_pool(fgraph: Any, node: Apply, device: int) -> list[Variable]:
+    """``AvgPool(x) -> host_from_gpu(GpuAvgPool(gpu(x)))``."""
+    return [GpuAvgPool(**node.op._props_dict())(to_gpu(node.inputs[0], device))]
+
+
+@register_lift(AvgPoolGrad)
+def lift_avg_pool_grad(fgraph: Any, node: Apply, device: int) -> list[Variable]:
+    """``AvgPoolGrad(gy, hw) -> host_from_gpu(GpuAvgPoolGrad(gpu(gy), hw))``.
+
+    ``image_hw`` stays a host int vector (the kernel takes it as arguments).
+    """
+    gy, hw = node.inputs
+    return [GpuAvgPoolGrad(**node.op._props_dict())(to_gpu(gy, device), hw)]

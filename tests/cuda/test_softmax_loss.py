@@ -1,0 +1,359 @@
+"""GPU softmax cross-entropy and top-k error: lifting, validation (CPU); values (GPU).
+
+GPU tests (``gpu`` marker) compare with :mod:`cc2ops.softmax_loss`'s
+references for K = 1, 7, 1000, 21841, labels 0 and K-1, soft targets, logits
+of magnitude 1e4, NaN-poisoned outputs (``CC2OPS_DEBUG=1``); labels outside
+``[0, K)`` raise; ``verify_grad`` runs through the GPU ops in
+``cc2ops.cuda.mode()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.compile.aliasing import add_supervisor_to_fgraph
+from pytensor.compile.io import SymbolicInput
+from pytensor.gradient import verify_grad
+from pytensor.graph.basic import Constant
+from pytensor.graph.fg import FunctionGraph
+
+import cc2ops.cuda as cuda
+from cc2ops.cuda import softmax_loss as gsl
+from cc2ops.cuda.softmax_loss import (
+    GpuSoftmaxCrossEntropy,
+    GpuSoftmaxCrossEntropyGrad,
+    GpuTopKError,
+    block_size,
+    softmax_loss_kernel_name,
+)
+from cc2ops.cuda.type import CudaArrayType
+from cc2ops.softmax_loss import (
+    SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyGrad,
+    TopKError,
+    softmax_cross_entropy,
+    softmax_cross_entropy_grad_reference,
+    softmax_cross_entropy_reference,
+    top_k_error,
+    top_k_error_reference,
+)
+
+HOST_OPS = {SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, TopKError}
+
+
+def gvar(shape=(None, None), dtype="float32", device=0, name="x"):
+    return CudaArrayType(dtype, shape, device)(name)
+
+
+def lifted(outputs):
+    outs = outputs if isinstance(outputs, list) else [outputs]
+    fg = FunctionGraph(outputs=outs, clone=False)
+    add_supervisor_to_fgraph(
+        fg, [SymbolicInput(v) for v in fg.inputs if not isinstance(v, Constant)]
+    )
+    cuda.mode().optimizer.rewrite(fg)
+    return fg
+
+
+def op_types(fg):
+    return {type(n.op) for n in fg.apply_nodes}
+
+
+# --------------------------------------------------------------------------
+# CPU
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_loss_and_gradient_lift(soft):
+    x = gvar()
+    t = gvar(dtype="float32", name="t") if soft else gvar((None,), "int64", name="y")
+    loss = softmax_cross_entropy(cuda.host_from_gpu(x), cuda.host_from_gpu(t))
+    wrt = [x, t] if soft else [x]
+    grads = pytensor.grad(loss.mean(), wrt)
+    fg = lifted([cuda.gpu_from_host(loss, 0), *grads])
+    types = op_types(fg)
+    assert {GpuSoftmaxCrossEntropy, GpuSoftmaxCrossEntropyGrad} <= types, types
+    assert not types & HOST_OPS, types
+    assert grads[0].type == x.type
+
+
+def test_top_k_error_lifts():
+    x, y = gvar(), gvar((None,), "int32", name="y")
+    err = top_k_error(cuda.host_from_gpu(x), cuda.host_from_gpu(y), k=5)
+    fg = lifted([cuda.gpu_from_host(err, 0)])
+    assert fg.outputs[0].owner.op == GpuTopKError(k=5)
+    assert GpuTopKError.__props__ == TopKError.__props__
+
+
+def test_host_labels_are_uploaded_when_the_logits_live_on_the_gpu():
+    x = gvar()
+    y = pt.lvector("y")
+    loss = SoftmaxCrossEntropy()(cuda.host_from_gpu(x), y)
+    fg = lifted([cuda.gpu_from_host(loss, 0)])
+    node = fg.outputs[0].owner
+    assert isinstance(node.op, GpuSoftmaxCrossEntropy)
+    assert node.inputs[1].owner.inputs[0] is y
+
+
+def test_grad_of_grad_builds():
+    x, t = gvar(dtype="float64"), gvar(dtype="float64", name="t")
+    loss = GpuSoftmaxCrossEntropy()(x, t)
+    g = pytensor.grad(cuda.host_from_gpu(loss).sum(), x)
+    gg = pytensor.grad((cuda.host_from_gpu(g) ** 2).sum(), [x, t])
+    assert all(v.type.ndim == 2 and v.type.dtype == "float64" for v in gg)
+
+
+def test_make_node_errors_and_shapes():
+    f = GpuSoftmaxCrossEntropy()
+    with pytest.raises(TypeError, match="GpuSoftmaxCrossEntropy: logits must be a GPU"):
+        f(pt.matrix(), gvar((None,), "int64"))
+    with pytest.raises(TypeError, match=r"logits must have 2 dims \(B, K\), got 1"):
+        f(gvar((None,)), gvar((None,), "int64"))
+    with pytest.raises(ValueError, match=r"at least one class \(K >= 1\)"):
+        f(gvar((3, 0)), gvar((3,), "int64"))
+    with pytest.raises(TypeError, match=r"integer targets \(labels\) must have 1 dim"):
+        f(gvar(), gvar((None, None), "int64"))
+    with pytest.raises(TypeError, match="inputs must share one float dtype"):
+        f(gvar(), gvar(dtype="float64"))
+    with pytest.raises(ValueError, match="labels must match the logits"):
+        f(gvar((3, 5)), gvar((4,), "int64"))
+    with pytest.raises(ValueError, match="soft targets must match the logits"):
+        f(gvar((3, 5)), gvar((3, 6)))
+    with pytest.raises(TypeError, match="targets must be integer labels"):
+        f(gvar(), gvar((None,), "bool"))
+    with pytest.raises(ValueError, match="inputs live on devices 0 and 1"):
+        f(gvar(), gvar((None,), "int64", device=1))
+    g = GpuSoftmaxCrossEntropyGrad()
+    with pytest.raises(TypeError, match="GpuSoftmaxCrossEntropyGrad: inputs must"):
+        g(gvar((None,), "float64"), gvar(), gvar((None,), "int64"))
+    with pytest.raises(ValueError, match=r"g must have one entry per row .*B = 3"):
+        g(gvar((4,)), gvar((3, 5)), gvar((3,), "int64"))
+    with pytest.raises(TypeError, match="GpuTopKError: labels must have an integer"):
+        GpuTopKError(k=1)(gvar(), gvar((None,)))
+    with pytest.raises(ValueError, match="TopKError: k must be >= 1"):
+        GpuTopKError(k=0)
+    assert f(gvar((3, 5)), gvar((None,), "int64")).type.shape == (3,)
+    assert f(gvar((None, 5)), gvar((3, None))).type.shape == (None,)
+    assert g(gvar((3,)), gvar((None, 5)), gvar((None,), "uint8")).type.shape == (3, 5)
+    assert GpuTopKError(k=2)(gvar(), gvar((7,), "int16")).type.shape == (7,)
+    b, k = pt.lscalar(), pt.lscalar()
+    node = f(gvar(), gvar((None,), "int64")).owner
+    assert node.op._infer_shape(node, [(b, k), (b,)]) == [(b,)]
+    node = g(gvar((None,)), gvar(), gvar((None,), "int64")).owner
+    assert node.op._infer_shape(node, [(b,), (b, k), (b,)]) == [(b, k)]
+
+
+def test_kernel_names_and_block_sizes():
+    name = softmax_loss_kernel_name("xent_fwd", "float32", False, "int64", 1024)
+    assert name == "softmax_xent_fwd_i64_t1024_f32"
+    name = softmax_loss_kernel_name("xent_grad", "float64", True, "int64", 32)
+    assert name == "softmax_xent_grad_soft_t32_f64"
+    assert softmax_loss_kernel_name("topk", "float32", False, "uint8", 64) == (
+        "top_k_error_u8_t64_f32"
+    )
+    assert [block_size(k) for k in (1, 7, 1000, 21841, 10**6)] == [
+        32, 32, 256, 1024, 1024
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def debug(monkeypatch):
+    monkeypatch.setenv("CC2OPS_DEBUG", "1")
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def to_gpu(a):
+    from cc2ops.cuda import array
+
+    return array.to_gpu(a, 0)
+
+
+def to_host(g):
+    from cc2ops.cuda import array
+
+    return array.to_host(g)
+
+
+def close(got, want, dtype, label, tol=None):
+    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
+    assert str(got.dtype) == str(dtype), f"{label}: dtype {got.dtype}"
+    assert np.isfinite(got).all(), f"{label}: non-finite values (unwritten?)"
+    tol = tol or (2e-6 if dtype == "float32" else 1e-12)
+    den = np.linalg.norm(want)
+    err = np.linalg.norm(got.astype(np.float64) - want) / (den if den else 1.0)
+    assert err < tol, f"{label}: relative error {err:.3g}"
+
+
+def make_case(b, k, dtype, scale, seed=0):
+    r = rng(seed)
+    x = (scale * r.standard_normal((b, k))).astype(dtype)
+    y = r.integers(0, k, b).astype("int64")
+    y[0] = 0
+    y[-1] = k - 1
+    t = r.random((b, k)).astype(dtype)
+    t /= t.sum(axis=1, keepdims=True)
+    return x, y, t
+
+
+def run_case(b, k, dtype, scale, seed=0):
+    x, y, t = make_case(b, k, dtype, scale, seed)
+    label = f"b{b} K{k} {dtype} scale {scale:g}"
+    g = rng(seed + 1).standard_normal(b).astype(dtype)
+    for targets, kind in ((y, "labels"), (t, "soft")):
+        loss = to_host(gsl.softmax_cross_entropy_forward(to_gpu(x), to_gpu(targets)))
+        want = softmax_cross_entropy_reference(x, targets)
+        close(loss, want, dtype, f"{label} {kind}: loss")
+        dx = to_host(gsl.softmax_cross_entropy_grad(to_gpu(g), to_gpu(x),
+                                                    to_gpu(targets)))  # fmt: skip
+        want = softmax_cross_entropy_grad_reference(g, x, targets)
+        close(dx, want, dtype, f"{label} {kind}: gradient")
+    for kk in (1, 5):
+        err = to_host(gsl.top_k_error(to_gpu(x), to_gpu(y), kk))
+        np.testing.assert_array_equal(
+            err, top_k_error_reference(x, y, kk), err_msg=f"{label}: top-{kk}"
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k", [1, 7, 1000, 21841])
+def test_kernels_match_the_references(k, dtype, debug):
+    run_case(3, k, dtype, 3.0)
+    if k >= 1000:
+        run_case(129, k, dtype, 1.0, seed=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k", [7, 1000, 21841])
+def test_large_logits_stay_finite_and_accurate(k, dtype, debug):
+    run_case(4, k, dtype, 1e4, seed=3)
+    x = np.full((2, k), -1e4, dtype)
+    x[:, 0] = 1e4
+    y = np.array([0, k - 1])
+    loss = to_host(gsl.softmax_cross_entropy_forward(to_gpu(x), to_gpu(y)))
+    np.testing.assert_allclose(loss, softmax_cross_entropy_reference(x, y), rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ldtype", ["int32", "uint8", "int16", "uint64"])
+def test_label_dtypes(ldtype, debug):
+    x, y, _ = make_case(5, 200, "float32", 2.0)
+    yl = y.astype(ldtype)
+    loss = to_host(gsl.softmax_cross_entropy_forward(to_gpu(x), to_gpu(yl)))
+    close(loss, softmax_cross_entropy_reference(x, y), "float32", ldtype)
+
+
+@pytest.mark.gpu
+def test_top_k_ties_count_for_the_true_class(debug):
+    x = np.array([[1, 2, 2, 2, 0], [3, 3, 3, 3, 3], [5, 1, 5, 9, 5]], "float32")
+    y = np.array([1, 4, 0])
+    for k in (1, 2, 3, 9):
+        err = to_host(gsl.top_k_error(to_gpu(x), to_gpu(y), k))
+        np.testing.assert_array_equal(err, top_k_error_reference(x, y, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad", [-1, 7, 100])
+def test_out_of_range_labels_raise(bad):
+    x = to_gpu(rng().standard_normal((4, 7)).astype("float32"))
+    y = np.array([0, 6, bad, bad if bad != 7 else 0])
+    msg = rf"labels must be in \[0, K\) = \[0, 7\), got {bad} at row 2"
+    with pytest.raises(ValueError, match="GpuSoftmaxCrossEntropy: " + msg):
+        gsl.softmax_cross_entropy_forward(x, to_gpu(y))
+    with pytest.raises(ValueError, match="GpuSoftmaxCrossEntropyGrad: " + msg):
+        gsl.softmax_cross_entropy_grad(to_gpu(np.ones(4, "float32")), x, to_gpu(y))
+    with pytest.raises(ValueError, match="GpuTopKError: " + msg):
+        gsl.top_k_error(x, to_gpu(y), 1)
+    # the flag is per call: a good call afterwards passes
+    gsl.softmax_cross_entropy_forward(x, to_gpu(np.array([0, 1, 2, 3])))
+
+
+@pytest.mark.gpu
+def test_out_of_range_labels_raise_in_a_compiled_graph():
+    from helpers import expect_error
+
+    v, y = pt.matrix("x", dtype="float32"), pt.lvector("y")
+    loss = softmax_cross_entropy(cuda.host_from_gpu(cuda.gpu_from_host(v, 0)), y)
+    fn = pytensor.function([v, y], loss, mode=cuda.mode())
+    assert GpuSoftmaxCrossEntropy in {type(n.op) for n in fn.maker.fgraph.apply_nodes}
+    xv = np.zeros((2, 3), "float32")
+    expect_error(ValueError, "got 3 at row 1", fn, xv, np.array([0, 3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("soft", [False, True])
+def test_compiled_graph_runs_on_the_gpu(soft, debug):
+    x, y, t = make_case(6, 50, "float32", 2.0)
+    targets = t if soft else y
+    v = pt.matrix("x", dtype="float32")
+    tv = pt.matrix("t", dtype="float32") if soft else pt.lvector("y")
+    hv = cuda.host_from_gpu(cuda.gpu_from_host(v, 0))
+    loss = softmax_cross_entropy(hv, tv)
+    err = top_k_error(hv, pt.lvector("yy"), k=3) if not soft else None
+    ins = [v, tv] + ([err.owner.inputs[1]] if err is not None else [])
+    outs = [loss, pytensor.grad(loss.sum(), v)] + ([err] if err is not None else [])
+    fn = pytensor.function(ins, outs, mode=cuda.mode())
+    types = {type(n.op) for n in fn.maker.fgraph.apply_nodes}
+    assert {GpuSoftmaxCrossEntropy, GpuSoftmaxCrossEntropyGrad} <= types
+    assert not types & HOST_OPS
+    args = [x, targets] + ([y] if not soft else [])
+    got = fn(*args)
+    close(np.asarray(got[0]), softmax_cross_entropy_reference(x, targets), "float32",
+          "graph loss")  # fmt: skip
+    want = softmax_cross_entropy_grad_reference(np.ones(6, "float32"), x, targets)
+    close(np.asarray(got[1]), want, "float32", "graph gradient")
+    if not soft:
+        np.testing.assert_array_equal(got[2], top_k_error_reference(x, y, 3))
+
+
+VG = dict(abs_tol=1e-6, rel_tol=1e-6, eps=1e-7)
+
+
+@pytest.mark.gpu
+def test_verify_grad_through_gpu_ops():
+    x, y, t = make_case(3, 6, "float64", 1.5)
+    gy = cuda.gpu_from_host(pt.constant(y), 0)
+
+    def with_labels(v):
+        return cuda.host_from_gpu(
+            GpuSoftmaxCrossEntropy()(cuda.gpu_from_host(v, 0), gy)
+        )
+
+    def with_soft(v, w):
+        return cuda.host_from_gpu(
+            GpuSoftmaxCrossEntropy()(cuda.gpu_from_host(v, 0), cuda.gpu_from_host(w, 0))
+        )
+
+    mode = cuda.mode()
+    verify_grad(with_labels, [x], rng=rng(0), mode=mode, **VG)
+    verify_grad(with_soft, [x, t], rng=rng(0), mode=mode, **VG)
+    # the gradient op's own gradient (second derivatives)
+    g = rng(1).standard_normal(3)
+
+    def grad_op(gv, v):
+        return cuda.host_from_gpu(
+            GpuSoftmaxCrossEntropyGrad()(
+                cuda.gpu_from_host(gv, 0), cuda.gpu_from_host(v, 0), gy
+            )
+        )
+
+    verify_grad(grad_op, [g, x], rng=rng(0), mode=mode, **VG)
+
+
+@pytest.mark.gpu
+def test_softmax_loss_sanitize():
+    """Small launches of every kernel kind (compute-sanitizer)."""
+    run_case(3, 37, "float32", 2.0)
+    run_case(2, 5, "float64", 1.0)
