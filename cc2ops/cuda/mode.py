@@ -186,6 +186,7 @@ def mode(
     devices: Sequence[int] | None = None,
     *,
     linker: str = "cvm",
+    comm: str = "auto",
 ) -> GpuMode:
     """The GPU mode for ``device``.
 
@@ -199,6 +200,12 @@ def mode(
     linker : {"cvm", "py"}
         PyTensor's C-looped VM (C thunks for PyTensor's own host ops where a
         compiler exists) or the pure-Python VM.
+    comm : {"auto", "nccl", "peer", "virtual"}
+        With more than one label: how the collectives move data
+        (:mod:`cc2ops.cuda.comm`). The mode is then a
+        :class:`cc2ops.cuda.comm.MultiGpuMode` whose function maker makes the
+        per-device replicas and shards of a graph distributed with
+        :func:`cc2ops.graph.multi_gpu.distribute`.
 
     Returns
     -------
@@ -231,6 +238,11 @@ def mode(
         raise ValueError(
             f"cc2ops.cuda.mode: linker must be one of {LINKERS}, got {linker!r}"
         )
+    if len(labels) > 1:
+        # several labels: the multi-device function maker (cc2ops.graph.multi_gpu)
+        from cc2ops.cuda.comm import multi_gpu_mode
+
+        return multi_gpu_mode(lk, labels, comm)
     return GpuMode(linker=lk, optimizer="fast_run").including("cc2ops", "cc2ops_gpu")
 
 

@@ -1,0 +1,813 @@
+"""Collective communication as graph ops, for K devices driven by one process.
+
+Every op here works on the host (numpy) and stands for K logical devices: an
+op with K per-device inputs and/or K per-device outputs is ONE ``Apply`` node,
+input/output ``k`` belonging to device ``k`` (the one-process-drives-K-devices
+model of ``ncclCommInitAll`` + group calls). These host ops are the *virtual*
+backend (K logical devices sharing the CPU) and the reference semantics of the
+GPU collectives in :mod:`cc2ops.cuda.comm`.
+
+The ops and their pullbacks (each family is closed under differentiation)::
+
+    AllGather(n, axis)     x_0..x_{n-1}  -> n copies of concat(x, axis)
+    ReduceScatter(n, axis) x_0..x_{n-1}  -> piece k of sum(x) along axis
+        pullback(AllGather) = ReduceScatter (pieces sized like the inputs)
+        pullback(ReduceScatter) = AllGather
+    AllReduce(n)           x_0..x_{n-1}  -> n copies of sum(x)
+        pullback(AllReduce) = AllReduce
+    Broadcast(n, root)     x (on root)   -> n copies of x
+    Reduce(n, root)        x_0..x_{n-1}  -> sum(x) (on root)
+        pullback(Broadcast) = Reduce, pullback(Reduce) = Broadcast
+    Scatter(n, axis)       x (on root)   -> piece k of x along axis
+    Gather(n, axis)        x_0..x_{n-1}  -> concat(x, axis) (on root)
+        pullback(Scatter) = Gather, pullback(Gather) = Scatter (sized)
+
+Two local (no-communication) ops select one device's piece of a value that
+every device holds::
+
+    Shard(n, index, axis)      x -> piece ``index`` of x along axis
+    ShardGrad(n, index, axis)  (g, x) -> zeros like x, piece ``index`` = g
+
+Pieces follow ``numpy.array_split``: piece ``i`` of an extent ``m`` has
+``(m + n - 1 - i) // n`` entries (the first ``m % n`` pieces are one longer),
+so uneven batches split exactly; :func:`shard_bounds` gives the offsets.
+``Broadcast`` takes the root's value only: in the one-process model the other
+devices' receive buffers are not graph values.
+
+Outputs never alias inputs (every op copies), so the ops need no
+``view_map``; disconnected cotangents count as zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.graph.basic import Apply, Constant, Variable
+from pytensor.graph.null_type import NullType
+from pytensor.graph.traversal import graph_inputs
+from pytensor.tensor.type import TensorType
+
+from cc2ops._op import Cc2Op, _as_tensor
+
+__all__ = [
+    "shard_bounds",
+    "shard_sizes",
+    "AllGather",
+    "ReduceScatter",
+    "AllReduce",
+    "Broadcast",
+    "Reduce",
+    "Scatter",
+    "Gather",
+    "Shard",
+    "ShardGrad",
+    "COMM_OPS",
+    "LOCAL_OPS",
+    "CommBackend",
+    "VirtualBackend",
+]
+
+
+def shard_sizes(extent: int, n: int) -> list[int]:
+    """The sizes of the ``n`` pieces of ``extent`` (``numpy.array_split``'s rule)."""
+    return [(extent + n - 1 - i) // n for i in range(n)]
+
+
+def shard_bounds(extent: int, n: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each of the ``n`` pieces of ``extent``."""
+    out, start = [], 0
+    for size in shard_sizes(extent, n):
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def _symbolic_piece(extent: Any, n: int, i: int) -> tuple[Any, Any]:
+    """(start, size) of piece ``i`` of a symbolic ``extent`` (array_split rule)."""
+    size = (extent + (n - 1 - i)) // n
+    start = i * (extent // n) + pt.minimum(i, extent % n)
+    return start, size
+
+
+def _check_n(op: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(
+            f"{op}: n (the number of devices) must be an int >= 1, got {n!r}"
+        )
+    return int(n)
+
+
+def _check_axis(op: str, axis: Any) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
+        raise ValueError(f"{op}: axis must be an int >= 0, got {axis!r}")
+    return int(axis)
+
+
+def _tensors(op: str, xs: Sequence[Any], n: int, axis: int | None = None) -> list:
+    if len(xs) != n:
+        raise ValueError(
+            f"{op}: expected {n} per-device inputs (one per device), got {len(xs)}"
+        )
+    xs = [_as_tensor(op, f"input {k}", x) for k, x in enumerate(xs)]
+    first = xs[0].type
+    for k, x in enumerate(xs[1:], start=1):
+        if x.type.dtype != first.dtype or x.type.ndim != first.ndim:
+            raise TypeError(
+                f"{op}: per-device inputs must share dtype and ndim; input 0 is "
+                f"{first.dtype} with {first.ndim} dims, input {k} is {x.type.dtype} "
+                "with "
+                f"{x.type.ndim} dims"
+            )
+    if axis is not None and axis >= first.ndim:
+        raise ValueError(
+            f"{op}: axis {axis} is out of range for {first.ndim}-dim inputs"
+        )
+    return xs
+
+
+def _merged_shape(types: Sequence[TensorType], skip: int | None = None) -> list:
+    """Per-dim static extent common to ``types`` (None where unknown or different)."""
+    shape = []
+    for d in range(types[0].ndim):
+        vals = {t.shape[d] for t in types}
+        shape.append(vals.pop() if len(vals) == 1 and d != skip else None)
+    return shape
+
+
+def _concat_extent(types: Sequence[TensorType], axis: int) -> int | None:
+    ext = [t.shape[axis] for t in types]
+    return None if any(e is None for e in ext) else int(sum(ext))
+
+
+def _zeros_for(g: Variable, like: Variable) -> Variable:
+    if isinstance(g.type, (DisconnectedType, NullType)):
+        return pt.zeros_like(like)
+    return g
+
+
+def _connected(g: Variable) -> bool:
+    return not isinstance(g.type, (DisconnectedType, NullType))
+
+
+def _sizes_input(op: str, sizes: Any, n: int) -> Variable:
+    sizes = pt.as_tensor_variable(sizes)
+    if sizes.type.ndim != 1 or sizes.type.dtype not in ("int32", "int64"):
+        raise TypeError(
+            f"{op}: sizes must be an int vector of length {n}, got {sizes.type}"
+        )
+    return pt.cast(sizes, "int64")
+
+
+def _split_numpy(op: str, x: np.ndarray, n: int, axis: int, sizes: Any) -> list:
+    extent = x.shape[axis]
+    if sizes is None:
+        sizes = shard_sizes(extent, n)
+    else:
+        sizes = [int(s) for s in np.asarray(sizes)]
+        if len(sizes) != n or sum(sizes) != extent or min(sizes) < 0:
+            raise ValueError(
+                f"{op}: sizes {sizes} do not split an extent of {extent} into {n} "
+                "pieces"
+            )
+    out, start = [], 0
+    for s in sizes:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + s)
+        out.append(np.array(x[tuple(index)], copy=True))
+        start += s
+    return out
+
+
+def _check_same_shape(op: str, xs: Sequence[np.ndarray]) -> None:
+    for k, x in enumerate(xs[1:], start=1):
+        if x.shape != xs[0].shape:
+            raise ValueError(
+                f"{op}: per-device inputs must have one shape; input 0 has "
+                f"{xs[0].shape}, input {k} has {x.shape}"
+            )
+
+
+class _CommOp(Cc2Op):
+    """Base of the collectives: ``n`` devices, optional ``axis``."""
+
+    def do_constant_folding(self, fgraph: Any, node: Apply) -> bool:
+        # folding would run a collective while a graph is rewritten
+        return False
+
+    def __str__(self) -> str:
+        props = ", ".join(f"{p}={getattr(self, p)}" for p in self.__props__)
+        return f"{type(self).__name__}{{{props}}}"
+
+
+class AllGather(_CommOp):
+    """Every device receives the concatenation of all devices' inputs along ``axis``.
+
+    Parameters
+    ----------
+    n : int
+        Number of devices (inputs and outputs).
+    axis : int
+        Concatenation axis; pieces may have different extents along it.
+
+    Notes
+    -----
+    Inputs ``x_0 .. x_{n-1}`` share dtype and ndim; outputs are ``n`` equal
+    arrays. Pullback: :class:`ReduceScatter` with the inputs' extents.
+    """
+
+    comm_kind = "all_gather"
+    __props__ = ("n", "axis")
+
+    def __init__(self, n: int, axis: int = 0) -> None:
+        self.n = _check_n("AllGather", n)
+        self.axis = _check_axis("AllGather", axis)
+
+    def make_node(self, *xs: Any) -> Apply:
+        xs = _tensors("AllGather", xs, self.n, self.axis)
+        shape = _merged_shape([x.type for x in xs], skip=self.axis)
+        shape[self.axis] = _concat_extent([x.type for x in xs], self.axis)
+        out = TensorType(xs[0].type.dtype, shape)
+        return Apply(self, xs, [out() for _ in range(self.n)])
+
+    def perform(self, node, inputs, outputs):
+        full = np.concatenate(inputs, axis=self.axis)
+        for k in range(self.n):
+            outputs[k][0] = full if k == 0 else full.copy()
+
+    def _infer_shape(self, node, input_shapes):
+        shape = list(input_shapes[0])
+        shape[self.axis] = sum(s[self.axis] for s in input_shapes)
+        return [tuple(shape)] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+        sizes = pt.stack([x.shape[self.axis] for x in inputs])
+        return ReduceScatter(self.n, self.axis)(*gs, sizes=sizes)
+
+
+class ReduceScatter(_CommOp):
+    """Device ``k`` receives piece ``k`` (along ``axis``) of the sum of all inputs.
+
+    Parameters
+    ----------
+    n : int
+        Number of devices.
+    axis : int
+        The axis cut into pieces.
+
+    Notes
+    -----
+    Inputs share one shape. Piece sizes follow ``numpy.array_split`` unless an
+    int vector ``sizes`` (keyword, length ``n``) is given. Pullback:
+    :class:`AllGather`.
+    """
+
+    comm_kind = "reduce_scatter"
+    __props__ = ("n", "axis")
+
+    def __init__(self, n: int, axis: int = 0) -> None:
+        self.n = _check_n("ReduceScatter", n)
+        self.axis = _check_axis("ReduceScatter", axis)
+
+    def make_node(self, *xs: Any, sizes: Any = None) -> Apply:
+        xs = _tensors("ReduceScatter", xs, self.n, self.axis)
+        inputs = list(xs)
+        if sizes is not None:
+            inputs.append(_sizes_input("ReduceScatter", sizes, self.n))
+        shape = _merged_shape([x.type for x in xs])
+        extent = shape[self.axis]
+        outs = []
+        for k in range(self.n):
+            s = list(shape)
+            s[self.axis] = (
+                shard_sizes(extent, self.n)[k]
+                if extent is not None and sizes is None
+                else None
+            )
+            outs.append(TensorType(xs[0].type.dtype, s)())
+        return Apply(self, inputs, outs)
+
+    def perform(self, node, inputs, outputs):
+        xs = inputs[: self.n]
+        _check_same_shape("ReduceScatter", xs)
+        total = xs[0].copy()
+        for x in xs[1:]:
+            total += x
+        sizes = inputs[self.n] if len(inputs) > self.n else None
+        for k, piece in enumerate(
+            _split_numpy("ReduceScatter", total, self.n, self.axis, sizes)
+        ):
+            outputs[k][0] = piece
+
+    def _infer_shape(self, node, input_shapes):
+        shape = list(input_shapes[0])
+        out = []
+        for k in range(self.n):
+            s = list(shape)
+            if len(node.inputs) > self.n:
+                s[self.axis] = node.inputs[self.n][k]
+            else:
+                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
+            out.append(tuple(s))
+        return out
+
+    def connection_pattern(self, node):
+        pattern = [[True] * self.n for _ in range(self.n)]
+        if len(node.inputs) > self.n:
+            pattern.append([False] * self.n)
+        return pattern
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+        grads = list(AllGather(self.n, self.axis)(*gs))
+        if len(inputs) > self.n:
+            grads.append(disconnected_type())
+        return grads
+
+
+class AllReduce(_CommOp):
+    """Every device receives the sum of all devices' inputs.
+
+    Notes
+    -----
+    Inputs share one shape. Pullback: :class:`AllReduce` of the cotangents.
+    """
+
+    comm_kind = "all_reduce"
+    __props__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = _check_n("AllReduce", n)
+
+    def make_node(self, *xs: Any) -> Apply:
+        xs = _tensors("AllReduce", xs, self.n)
+        out = TensorType(xs[0].type.dtype, _merged_shape([x.type for x in xs]))
+        return Apply(self, xs, [out() for _ in range(self.n)])
+
+    def perform(self, node, inputs, outputs):
+        _check_same_shape("AllReduce", inputs)
+        total = np.array(inputs[0], copy=True)
+        for x in inputs[1:]:
+            total += x
+        for k in range(self.n):
+            outputs[k][0] = total if k == 0 else total.copy()
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+        return list(AllReduce(self.n)(*gs))
+
+
+class Broadcast(_CommOp):
+    """The root device's input, copied to all ``n`` devices.
+
+    Parameters
+    ----------
+    n : int
+        Number of devices (outputs).
+    root : int
+        The device holding the input (0 .. n-1).
+
+    Notes
+    -----
+    One input (the root's), ``n`` outputs. Pullback: :class:`Reduce` to root.
+    """
+
+    comm_kind = "broadcast"
+    __props__ = ("n", "root")
+
+    def __init__(self, n: int, root: int = 0) -> None:
+        self.n = _check_n("Broadcast", n)
+        if (
+            isinstance(root, bool)
+            or not isinstance(root, (int, np.integer))
+            or not (0 <= root < self.n)
+        ):
+            raise ValueError(
+                f"Broadcast: root must be in 0..{self.n - 1}, got {root!r}"
+            )
+        self.root = int(root)
+
+    def do_constant_folding(self, fgraph: Any, node: Apply) -> bool:
+        # a broadcast constant is the constant on every device (the cost's seed
+        # cotangent after folding): no communication needed
+        return isinstance(node.inputs[0], Constant)
+
+    def make_node(self, x: Any) -> Apply:
+        x = _as_tensor("Broadcast", "input", x)
+        return Apply(self, [x], [x.type() for _ in range(self.n)])
+
+    def perform(self, node, inputs, outputs):
+        for k in range(self.n):
+            outputs[k][0] = np.array(inputs[0], copy=True)
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+        return [Reduce(self.n, self.root)(*gs)]
+
+
+class Reduce(_CommOp):
+    """The sum of all devices' inputs, on the root device.
+
+    Notes
+    -----
+    Inputs share one shape. Pullback: :class:`Broadcast` from root.
+    """
+
+    comm_kind = "reduce"
+    __props__ = ("n", "root")
+
+    def __init__(self, n: int, root: int = 0) -> None:
+        self.n = _check_n("Reduce", n)
+        if (
+            isinstance(root, bool)
+            or not isinstance(root, (int, np.integer))
+            or not (0 <= root < self.n)
+        ):
+            raise ValueError(f"Reduce: root must be in 0..{self.n - 1}, got {root!r}")
+        self.root = int(root)
+
+    def make_node(self, *xs: Any) -> Apply:
+        xs = _tensors("Reduce", xs, self.n)
+        out = TensorType(xs[0].type.dtype, _merged_shape([x.type for x in xs]))
+        return Apply(self, xs, [out()])
+
+    def perform(self, node, inputs, outputs):
+        _check_same_shape("Reduce", inputs)
+        total = np.array(inputs[0], copy=True)
+        for x in inputs[1:]:
+            total += x
+        outputs[0][0] = total
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type() for _ in inputs]
+        if all(isinstance(v, Constant) for v in graph_inputs([g])):
+            # every device can compute a constant (the cost's seed cotangent)
+            return [g] * self.n
+        return _as_list(Broadcast(self.n, self.root)(g))
+
+
+class Scatter(_CommOp):
+    """Piece ``k`` (along ``axis``) of the root's input goes to device ``k``.
+
+    Parameters
+    ----------
+    n : int
+        Number of devices (outputs).
+    axis : int
+        The axis cut into pieces.
+
+    Notes
+    -----
+    Piece sizes follow ``numpy.array_split``, or the int vector ``sizes``
+    (keyword, length ``n``). Pullback: :class:`Gather`.
+    """
+
+    comm_kind = "scatter"
+    __props__ = ("n", "axis")
+
+    def __init__(self, n: int, axis: int = 0) -> None:
+        self.n = _check_n("Scatter", n)
+        self.axis = _check_axis("Scatter", axis)
+
+    def make_node(self, x: Any, sizes: Any = None) -> Apply:
+        (x,) = _tensors("Scatter", [x], 1, self.axis)
+        inputs = [x]
+        if sizes is not None:
+            inputs.append(_sizes_input("Scatter", sizes, self.n))
+        extent = x.type.shape[self.axis]
+        outs = []
+        for k in range(self.n):
+            s = list(x.type.shape)
+            s[self.axis] = (
+                shard_sizes(extent, self.n)[k]
+                if extent is not None and sizes is None
+                else None
+            )
+            outs.append(TensorType(x.type.dtype, s)())
+        return Apply(self, inputs, outs)
+
+    def perform(self, node, inputs, outputs):
+        sizes = inputs[1] if len(inputs) > 1 else None
+        for k, piece in enumerate(
+            _split_numpy("Scatter", inputs[0], self.n, self.axis, sizes)
+        ):
+            outputs[k][0] = piece
+
+    def _infer_shape(self, node, input_shapes):
+        shape = list(input_shapes[0])
+        out = []
+        for k in range(self.n):
+            s = list(shape)
+            if len(node.inputs) > 1:
+                s[self.axis] = node.inputs[1][k]
+            else:
+                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
+            out.append(tuple(s))
+        return out
+
+    def connection_pattern(self, node):
+        pattern = [[True] * self.n]
+        if len(node.inputs) > 1:
+            pattern.append([False] * self.n)
+        return pattern
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+        grads = [Gather(self.n, self.axis)(*gs)]
+        if len(inputs) > 1:
+            grads.append(disconnected_type())
+        return grads
+
+
+class Gather(_CommOp):
+    """The concatenation of all devices' inputs along ``axis``, on the root device.
+
+    Notes
+    -----
+    Pieces may differ in extent along ``axis``. Pullback: :class:`Scatter`
+    with the inputs' extents.
+    """
+
+    comm_kind = "gather"
+    __props__ = ("n", "axis")
+
+    def __init__(self, n: int, axis: int = 0) -> None:
+        self.n = _check_n("Gather", n)
+        self.axis = _check_axis("Gather", axis)
+
+    def make_node(self, *xs: Any) -> Apply:
+        xs = _tensors("Gather", xs, self.n, self.axis)
+        shape = _merged_shape([x.type for x in xs], skip=self.axis)
+        shape[self.axis] = _concat_extent([x.type for x in xs], self.axis)
+        return Apply(self, xs, [TensorType(xs[0].type.dtype, shape)()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = np.concatenate(inputs, axis=self.axis)
+
+    def _infer_shape(self, node, input_shapes):
+        shape = list(input_shapes[0])
+        shape[self.axis] = sum(s[self.axis] for s in input_shapes)
+        return [tuple(shape)]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type() for _ in inputs]
+        sizes = pt.stack([x.shape[self.axis] for x in inputs])
+        return list(Scatter(self.n, self.axis)(g, sizes=sizes))
+
+
+class Shard(Cc2Op):
+    """Piece ``index`` of ``n`` (``numpy.array_split`` rule) of ``x`` along ``axis``.
+
+    A local op: a device that holds the whole value keeps its own piece.
+    Pullback: :class:`ShardGrad`.
+    """
+
+    __props__ = ("n", "index", "axis")
+
+    def __init__(self, n: int, index: int, axis: int = 0) -> None:
+        self.n = _check_n("Shard", n)
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, (int, np.integer))
+            or not (0 <= index < self.n)
+        ):
+            raise ValueError(f"Shard: index must be in 0..{self.n - 1}, got {index!r}")
+        self.index = int(index)
+        self.axis = _check_axis("Shard", axis)
+
+    def make_node(self, x: Any) -> Apply:
+        (x,) = _tensors("Shard", [x], 1, self.axis)
+        s = list(x.type.shape)
+        extent = s[self.axis]
+        s[self.axis] = (
+            None if extent is None else shard_sizes(extent, self.n)[self.index]
+        )
+        return Apply(self, [x], [TensorType(x.type.dtype, s)()])
+
+    def perform(self, node, inputs, outputs):
+        (x,) = inputs
+        start, stop = shard_bounds(x.shape[self.axis], self.n)[self.index]
+        index = [slice(None)] * x.ndim
+        index[self.axis] = slice(start, stop)
+        outputs[0][0] = np.array(x[tuple(index)], copy=True)
+
+    def _infer_shape(self, node, input_shapes):
+        s = list(input_shapes[0])
+        s[self.axis] = _symbolic_piece(s[self.axis], self.n, self.index)[1]
+        return [tuple(s)]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type()]
+        return [ShardGrad(self.n, self.index, self.axis)(g, inputs[0])]
+
+    def __str__(self) -> str:
+        return f"Shard{{n={self.n}, index={self.index}, axis={self.axis}}}"
+
+
+class ShardGrad(Cc2Op):
+    """Zeros shaped like ``x`` with piece ``index`` (along ``axis``) set to ``g``.
+
+    The pullback of :class:`Shard`; ``x`` only gives the shape.
+    """
+
+    __props__ = ("n", "index", "axis")
+
+    def __init__(self, n: int, index: int, axis: int = 0) -> None:
+        Shard.__init__(self, n, index, axis)
+
+    def make_node(self, g: Any, x: Any) -> Apply:
+        g, x = _tensors("ShardGrad", [g, x], 2, self.axis)
+        return Apply(self, [g, x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        g, x = inputs
+        start, stop = shard_bounds(x.shape[self.axis], self.n)[self.index]
+        if g.shape[self.axis] != stop - start:
+            raise ValueError(
+                f"ShardGrad: piece {self.index} of {self.n} along axis {self.axis} has "
+                f"{stop - start} entries, the cotangent has {g.shape[self.axis]}"
+            )
+        out = np.zeros(x.shape, dtype=g.dtype)
+        index = [slice(None)] * x.ndim
+        index[self.axis] = slice(start, stop)
+        out[tuple(index)] = g
+        outputs[0][0] = out
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[1]]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type(), disconnected_type()]
+        return [Shard(self.n, self.index, self.axis)(g), disconnected_type()]
+
+    def __str__(self) -> str:
+        return f"ShardGrad{{n={self.n}, index={self.index}, axis={self.axis}}}"
+
+
+#: The collectives (the ops that move data between devices).
+COMM_OPS = (AllGather, ReduceScatter, AllReduce, Broadcast, Reduce, Scatter, Gather)
+#: Local piece selection (no data moves between devices).
+LOCAL_OPS = (Shard, ShardGrad)
+
+
+class CommBackend:
+    """How the multi-device rewriter builds communication (one per backend).
+
+    Each method takes per-device graph variables (index = device position
+    0..K-1) and returns per-device variables as *host tensors* the rewritten
+    graph can use: the host/virtual backend returns the host ops' outputs,
+    the GPU backends (:mod:`cc2ops.cuda.comm`) move the inputs to their
+    devices, run a GPU collective and return ``host_from_gpu`` of its
+    outputs, which the GPU mode's lifting then keeps on the devices.
+
+    A one-process-per-GPU backend (MPI + ``ncclCommInitRank``) would hold one
+    device's variables only; the rewriter asks for the same collectives.
+    """
+
+    #: Device labels in device-position order.
+    labels: tuple[int, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    def all_gather(self, xs: Sequence[Variable], axis: int) -> list[Variable]:
+        raise NotImplementedError
+
+    def reduce_scatter(self, xs: Sequence[Variable], axis: int) -> list[Variable]:
+        raise NotImplementedError
+
+    def all_reduce(self, xs: Sequence[Variable]) -> list[Variable]:
+        raise NotImplementedError
+
+    def broadcast(self, x: Variable, root: int = 0) -> list[Variable]:
+        raise NotImplementedError
+
+    def reduce(self, xs: Sequence[Variable], root: int = 0) -> Variable:
+        raise NotImplementedError
+
+    def scatter(self, x: Variable, axis: int) -> list[Variable]:
+        raise NotImplementedError
+
+    def gather(self, xs: Sequence[Variable], axis: int) -> Variable:
+        raise NotImplementedError
+
+    def shard(self, x: Variable, k: int, axis: int) -> Variable:
+        """Device ``k``'s piece of ``x``, a value device ``k`` holds whole (local)."""
+        return Shard(self.n, k, axis)(x)
+
+    def place(self, x: Variable, k: int) -> Variable:
+        """A root-side value (constant, scalar) used by device ``k``'s computation."""
+        return x
+
+    # ---- per-device state (step 2 of the multi-device rewrite) --------------
+    def new_state(self, var: Any, placement: Any) -> list:
+        """K per-device shared variables holding ``var``'s value.
+
+        ``placement.kind == "replicated"``: ``var`` itself is device 0's
+        replica, the others are copies; ``"sharded"``: piece k along
+        ``placement.axis`` (``numpy.array_split`` rule).
+        """
+        import pytensor
+
+        value = np.asarray(var.get_value())
+        name = var.name or "shared"
+        if placement.kind == "replicated":
+            return [var] + [
+                pytensor.shared(value.copy(), name=f"{name}@{k}")
+                for k in range(1, self.n)
+            ]
+        pieces = []
+        for k, (start, stop) in enumerate(
+            shard_bounds(value.shape[placement.axis], self.n)
+        ):
+            index = [slice(None)] * value.ndim
+            index[placement.axis] = slice(start, stop)
+            pieces.append(
+                pytensor.shared(
+                    np.array(value[tuple(index)], copy=True), name=f"{name}@{k}"
+                )
+            )
+        return pieces
+
+    def state_view(self, part: Variable, out: Variable) -> Variable:
+        """``part`` typed to replace ``out`` (a Broadcast/Scatter output)."""
+        if part.type == out.type:
+            return part
+        return out.type.filter_variable(part, allow_convert=True)
+
+    def root_view(self, parts: Sequence[Variable], placement: Any) -> Variable:
+        """The whole value of per-device state, as one root variable."""
+        if placement.kind == "replicated":
+            return parts[0]
+        return self.gather(parts, placement.axis)
+
+
+class VirtualBackend(CommBackend):
+    """K logical devices on the host: the ops of this module, run with numpy.
+
+    Parameters
+    ----------
+    labels : sequence of int
+        The logical device labels (only their number matters for computing).
+    """
+
+    def __init__(self, labels: Sequence[int]) -> None:
+        labels = tuple(int(d) for d in labels)
+        if not labels:
+            raise ValueError("VirtualBackend: give at least one device label")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"VirtualBackend: repeated device labels {labels}")
+        self.labels = labels
+
+    def all_gather(self, xs, axis):
+        return list(AllGather(self.n, axis)(*xs)) if self.n > 1 else [xs[0]]
+
+    def reduce_scatter(self, xs, axis):
+        return list(ReduceScatter(self.n, axis)(*xs)) if self.n > 1 else [xs[0]]
+
+    def all_reduce(self, xs):
+        return _as_list(AllReduce(self.n)(*xs))
+
+    def broadcast(self, x, root=0):
+        return _as_list(Broadcast(self.n, root)(x))
+
+    def reduce(self, xs, root=0):
+        return Reduce(self.n, root)(*xs)
+
+    def scatter(self, x, axis):
+        return _as_list(Scatter(self.n, axis)(x))
+
+    def gather(self, xs, axis):
+        return Gather(self.n, axis)(*xs)
+
+    def __repr__(self) -> str:
+        return f"VirtualBackend(labels={self.labels})"
+
+
+def _as_list(out: Any) -> list[Variable]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]

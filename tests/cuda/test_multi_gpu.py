@@ -1,0 +1,112 @@
+"""The multi-device rewrite on GPUs: structure (CPU-only) and equivalence (GPU).
+
+On one GPU the equivalence runs K = 2 virtual labels (0 and 1 on physical 0):
+the same 5 momentum-SGD steps as tests/graph/test_multi_gpu.py, compared
+with the single-device GPU run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+import pytensor
+import pytest
+from pytensor.compile.rebuild import construct_function_ins_and_outs
+
+import cc2ops
+import cc2ops.cuda
+from cc2ops.cuda.comm import GPU_COMM_OPS, MultiGpuMode
+from cc2ops.graph import multi_gpu as mg
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
+from test_multi_gpu import _net  # noqa: E402
+
+F32 = np.float32
+
+
+def _training(mode, k_distribute, seed=0):
+    x, y, params, cost, _ = _net(seed)
+    if k_distribute:
+        cost = mg.distribute(cost, mode)
+    grads = pytensor.grad(cost, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        m = pytensor.shared(np.zeros_like(p.get_value()), name="m_" + p.name)
+        new_m = F32(0.9) * m - F32(0.05) * g
+        updates += [(m, new_m), (p, p + new_m)]
+    return x, y, params, cost, updates
+
+
+def test_cuda_mode_with_two_labels_is_the_multi_gpu_mode():
+    m = cc2ops.cuda.mode(devices=[0, 1], comm="virtual")
+    assert isinstance(m, MultiGpuMode)
+    assert m.backend.labels == (0, 1) and m.cc2ops_devices == (0, 1)
+    assert isinstance(cc2ops.cuda.mode(0), cc2ops.cuda.mode.__globals__["GpuMode"])
+
+
+def test_gpu_training_graph_is_lifted_with_gpu_collectives():
+    """Rewritten and lifted without a GPU: the maker stops before linking."""
+    mode = cc2ops.cuda.mode(devices=[0, 1], comm="virtual")
+    x, y, params, cost, updates = _training(mode, True)
+    ins, outs = construct_function_ins_and_outs([x, y], cost, updates=updates)
+    fg = mode.function_maker(ins, outs, mode).maker.fgraph
+    gpu_comm = Counter(
+        (type(n.op).__name__, getattr(n.op, "axis", None))
+        for n in fg.apply_nodes
+        if isinstance(n.op, GPU_COMM_OPS)
+    )
+    assert gpu_comm == Counter(
+        {
+            ("GpuAllGather", 0): 1,
+            ("GpuAllGather", 1): 2,
+            ("GpuReduceScatter", 0): 1,
+            ("GpuReduceScatter", 1): 2,
+            ("GpuAllReduce", None): 2,
+        }
+    )
+    ops = Counter(type(n.op).__name__ for n in fg.apply_nodes)
+    for name in ("GpuFilterActs", "GpuWeightActs", "GpuSoftmaxCrossEntropy"):
+        assert ops[name] == 2, (name, ops)
+    assert ops["FilterActs"] == 0 and ops["SoftmaxCrossEntropy"] == 0
+    devices = {
+        n.outputs[0].type.device
+        for n in fg.apply_nodes
+        if type(n.op).__name__ == "GpuFilterActs"
+    }
+    assert devices == {0, 1}
+    names = {v.name for v in fg.inputs}
+    assert {"w1@0", "w1@1", "wf1@0", "wf1@1", "m_wf1@0", "m_wf1@1"} <= names
+
+
+def _run(mode, distribute_it, steps=5, batch=6):
+    x, y, params, cost, updates = _training(mode, distribute_it)
+    fn = pytensor.function([x, y], cost, updates=updates, mode=mode)
+    r = np.random.default_rng(1)
+    data = r.normal(size=(batch, 3, 7, 7)).astype("float32")
+    labels = r.integers(0, 5, size=batch).astype("int32")
+    losses = [float(np.asarray(fn(data, labels))) for _ in range(steps)]
+    return losses, [np.asarray(p.get_value()) for p in params]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [6, 7])
+def test_two_virtual_labels_on_one_gpu_equal_the_single_gpu_run(monkeypatch, batch):
+    from cc2ops.cuda import set_device_map
+
+    monkeypatch.setenv("CC2OPS_DEBUG", "1")
+    cc2ops.cuda.set_allow_tf32(False)
+    try:
+        set_device_map({0: 0, 1: 0})
+    except ValueError:
+        pytest.skip("label 1 already in use on another physical device")
+    ref_losses, ref_params = _run(cc2ops.cuda.mode(0), False, batch=batch)
+    losses, params = _run(
+        cc2ops.cuda.mode(devices=[0, 1], comm="virtual"), True, batch=batch
+    )
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6, err_msg="loss")
+    for got, want in zip(params, ref_params, strict=True):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
