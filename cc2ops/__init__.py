@@ -14,6 +14,7 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 
 from cc2ops import graph  # noqa: F401  (registers the rewrites)
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
+from cc2ops.dropout import dropout, dropout_state
 from cc2ops.mode import mode
 from cc2ops.pool import (
     AvgPool,
@@ -42,6 +43,8 @@ __all__ = [
     "cross_map_norm",
     "softmax_cross_entropy",
     "top_k_error",
+    "dropout",
+    "dropout_state",
     "mode",
     "FilterActs",
     "ImageActs",
