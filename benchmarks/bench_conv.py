@@ -1,0 +1,200 @@
+"""Convolution benchmark: cc2ops GPU convolution vs PyTorch/cuDNN on AlexNet layers.
+
+The five convolution layers of AlexNet (one-tower, 64-192-384-256-256
+filters) at batch 128, 32 and 100 (``--quick``: 128 only), each pass
+(``fwd``, ``bwd_data``, ``bwd_filter``) and their sum (``fwd+bwd``), in fp32
+and TF32.
+
+What is timed
+-------------
+cc2ops: the plain pass functions :func:`cc2ops.cuda.conv.filter_acts`,
+:func:`~cc2ops.cuda.conv.image_acts` and :func:`~cc2ops.cuda.conv.weight_acts`
+on pycuda GPUArrays (what the ops' ``perform`` runs, without PyTensor's graph
+overhead), with pycuda events on cc2ops's stream. The first call of each
+geometry autotunes (before the warm-up ends); the row names the chosen
+algorithm. Peer: ``torch.nn.functional.conv2d`` and
+``torch.ops.aten.convolution_backward`` (only the needed gradient) with
+``torch.backends.cudnn.benchmark = True``; fp32 rows set
+``torch.backends.cudnn.allow_tf32`` and ``torch.backends.cuda.matmul.allow_tf32``
+to False, tf32 rows to True. Each pass is checked against torch (same inputs,
+moved through host numpy) before it is timed.
+
+Run: ``python benchmarks/bench_conv.py [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    base_parser,
+    rel_err,
+    time_cuda,
+    torch_peer,
+    write_results,
+)
+from cc2ops.shapes import conv_flops  # noqa: E402
+
+#: (name, channels, filters, image size, filter size, stride, padding)
+LAYERS = [
+    ("conv1", 3, 64, 224, 11, 4, 0),
+    ("conv2", 64, 192, 27, 5, 1, 2),
+    ("conv3", 192, 384, 13, 3, 1, 1),
+    ("conv4", 384, 256, 13, 3, 1, 1),
+    ("conv5", 256, 256, 13, 3, 1, 1),
+]
+BATCHES = (128, 32, 100)
+PRECISIONS = ("fp32", "tf32")
+PASSES = ("fwd", "bwd_data", "bwd_filter")
+#: Largest relative-norm difference from torch accepted before timing.
+CHECK_TOL = {"fp32": 1e-4, "tf32": 1e-2}
+_OP = {"fwd": "filter_acts", "bwd_data": "image_acts", "bwd_filter": "weight_acts"}
+
+
+def _torch_settings(precision: str) -> None:
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _torch_pass(name: str, x: Any, w: Any, dy: Any, s: int, p: int) -> Any:
+    import torch
+
+    if name == "fwd":
+        return lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p)
+    mask = [name == "bwd_data", name == "bwd_filter", False]
+    idx = 0 if name == "bwd_data" else 1
+
+    def run() -> Any:
+        return torch.ops.aten.convolution_backward(
+            dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask
+        )[idx]
+
+    return run
+
+
+def _cc2ops_pass(
+    name: str, gx: Any, gw: Any, gdy: Any, s: int, p: int, precision: str
+) -> Any:
+    from cc2ops.cuda import conv
+
+    params = dict(stride=s, padding=p, precision=precision, device=0)
+    hw = tuple(int(v) for v in gx.shape[2:])
+    khw = tuple(int(v) for v in gw.shape[2:])
+    if name == "fwd":
+        out = conv.filter_acts(gx, gw, **params)
+        return lambda: conv.filter_acts(gx, gw, **params, out=out)
+    if name == "bwd_data":
+        return lambda: conv.image_acts(gdy, gw, hw, **params)
+    return lambda: conv.weight_acts(gx, gdy, khw, **params)
+
+
+def run_layer(
+    layer: tuple, batch: int, precision: str, warmup: int, iters: int
+) -> list[dict[str, Any]]:
+    """The rows of one layer, batch and precision (after the correctness check)."""
+    import torch
+
+    from cc2ops.cuda import array, conv
+
+    name, c, f, hw, k, s, p = layer
+    _torch_settings(precision)
+    r = np.random.default_rng(0)
+    ho = (hw + 2 * p - k) // s + 1
+    x = r.standard_normal((batch, c, hw, hw)).astype(np.float32)
+    w = (r.standard_normal((f, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    dy = r.standard_normal((batch, f, ho, ho)).astype(np.float32)
+    tx, tw, tdy = (torch.from_numpy(a).cuda() for a in (x, w, dy))
+    gx, gw, gdy = (array.to_gpu(a, 0) for a in (x, w, dy))
+    geometry = conv.geometry_of(name, x.shape, w.shape, (s, s), (p, p), 1)
+    flops = conv_flops(batch, c, f, (ho, ho), (k, k))
+    rows = []
+    totals = {"cc2ops_ms": 0.0, "peer_ms": 0.0}
+    for pas in PASSES:
+        peer_fn = _torch_pass(pas, tx, tw, tdy, s, p)
+        ours_fn = _cc2ops_pass(pas, gx, gw, gdy, s, p, precision)  # tunes here
+        want = peer_fn().float().cpu().numpy()
+        got = array.to_host(ours_fn())
+        err = rel_err(got, want)
+        if not err <= CHECK_TOL[precision]:
+            raise AssertionError(
+                f"bench_conv: {name} b{batch} {pas} {precision}: cc2ops differs "
+                f"from torch by {err:.3g} (tolerance {CHECK_TOL[precision]})"
+            )
+        ours = time_cuda(ours_fn, warmup=warmup, iters=iters, on="cc2ops")
+        peer = time_cuda(peer_fn, warmup=warmup, iters=iters, on="torch")
+        totals["cc2ops_ms"] += ours
+        totals["peer_ms"] += peer
+        rows.append(
+            {
+                "name": name,
+                "batch": batch,
+                "pass": pas,
+                "precision": precision,
+                "cc2ops_ms": ours,
+                "peer_ms": peer,
+                "ratio": ours / peer,
+                "tflops": flops / ours / 1e9,
+                "peer_tflops": flops / peer / 1e9,
+                "algorithm": conv.chosen_algorithm(
+                    _OP[pas], geometry, np.float32, precision
+                ),
+                "rel_err_vs_peer": err,
+            }
+        )
+    rows.append(
+        {
+            "name": name,
+            "batch": batch,
+            "pass": "fwd+bwd",
+            "precision": precision,
+            **totals,
+            "ratio": totals["cc2ops_ms"] / totals["peer_ms"],
+            "tflops": 3 * flops / totals["cc2ops_ms"] / 1e9,
+            "peer_tflops": 3 * flops / totals["peer_ms"] / 1e9,
+            "algorithm": "+".join(r["algorithm"] for r in rows),
+        }
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run the benchmark; returns the result file's path."""
+    parser = base_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    import cc2ops.cuda as cuda
+
+    cuda.require()
+    batches = (128,) if args.quick else BATCHES
+    iters = min(args.iters, 10) if args.quick else args.iters
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        for precision in PRECISIONS:
+            for layer in LAYERS:
+                rows.extend(run_layer(layer, batch, precision, args.warmup, iters))
+    return write_results(
+        "conv",
+        rows,
+        torch_peer(),
+        args.out,
+        extra={
+            "timing": (
+                "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays, pycuda events "
+                "on cc2ops's stream (no graph overhead); peer: torch events; median"
+            ),
+            "cudnn_benchmark": True,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
