@@ -1,0 +1,1164 @@
+"""Hand-written tensor-core convolution kernels: implicit GEMM, TF32 and 3xTF32.
+
+The three convolution passes of the conv family (bc01 layout, cross-correlation,
+see :mod:`cc2ops.conv`) as one GEMM ``C[M, N] = A[M, K] B[K, N]`` per channel
+group, run by ``kernels/conv_igemm.cu`` with ``mma.sync.m16n8k8`` TF32 tensor
+core instructions (sm_80 and later), fp32 accumulation and a 3-stage
+``cp.async`` pipeline from global to shared memory. The im2col matrix is never
+built: each thread computes the addresses of the elements it copies, and
+out-of-image taps are zero-filled by the copy itself.
+
+================  ==========  ==========  ============  =======================
+op                M           N           K             A, B -> C
+================  ==========  ==========  ============  =======================
+``filter_acts``   F/g         B*Ho*Wo     C/g*kh*kw     w, im2col(x) -> y
+``image_acts``    C/g         B*H*W       F/g*kh*kw     w, gather(dy) -> dx
+``weight_acts``   F/g         C/g*kh*kw   B*Ho*Wo       dy, im2col(x)^T -> dw
+================  ==========  ==========  ============  =======================
+
+``image_acts`` is the gather formulation: input pixel (ih, iw) sums over the
+filter taps (u, v) whose output position ``((ih + ph - u)/sh, (iw + pw -
+v)/sw)`` is integral and inside the output, so any stride is exact (for stride
+s only about 1/s^2 of the taps contribute and the rest are predicated-off
+zeros: correct, not fast). ``weight_acts`` splits its long K (every output
+pixel of the batch) into slices that write partial results to a workspace,
+summed afterwards in a fixed order by a second kernel: deterministic, no
+atomics.
+
+Precision
+---------
+``precision="tf32"``: every operand is rounded to TF32 (10-bit mantissa,
+``cvt.rna``) and multiplied on the tensor cores: relative error about 1e-3.
+
+``precision="fp32"``: **3xTF32**, an fp32-accurate algorithm on the tensor
+cores, not FFMA. Each operand is split as ``a = big + small`` with ``big =
+tf32(a)`` and ``small = tf32(a - big)`` (22 of fp32's 24 mantissa bits), and
+``a*b ~ small*big + big*small + big*big`` (the ``small*small`` term, about
+2^-22 relative, is dropped): relative error about 1e-6, within fp32
+tolerances, at a third of the TF32 tensor-core rate. The tensor cores do not
+accumulate in round-to-nearest fp32: inside an ``mma`` the addends are
+aligned to the largest and truncated, so accumulating into a large
+accumulator loses low bits with a bias, and the error grows linearly with K
+(measured on an H200: 1.1e-5 at K = 1600, 3.4e-5 at K = 4800). So each k8
+step's three products go to a zeroed fragment (small terms first) that is
+added to the accumulators with ordinary round-to-nearest FADDs, the
+promotion DeepSeek-V3 applies to FP8 ``wgmma``: the truncation then acts on
+sums of 8 products only (the tests model it in numpy). The extra fragment
+costs registers: 3xTF32 kernels get up to 255 per thread (one 256-thread or
+two 128-thread blocks per SM), spill-free.
+
+Data movement
+-------------
+:class:`TileConfig` switches two paths of the template (both on by default,
+both off is the original kernel): ``vec`` copies A as 16-byte vectors of 4
+consecutive k where that is exact (:func:`a_vector_width`: ``filter_acts``
+with ``K % 4 == 0``, ``weight_acts`` with ``Ho*Wo % 4 == 0``, and A's
+pointer 16-byte aligned), else 4-byte copies; ``stage_c`` writes C through
+shared memory so that each warp store covers 32 consecutive n of one row.
+
+Interface
+---------
+The conv GPU ops (``cc2ops.cuda.conv``) call :func:`supports`,
+:func:`variants` and :func:`filter_acts` / :func:`image_acts` /
+:func:`weight_acts` as autotuner candidates. ``geometry`` is any object with
+the attributes of :class:`Geometry` (``cc2ops.cuda.conv.ConvGeometry``).
+
+The index arithmetic of the kernels is written down here once more, in numpy
+(:func:`a_offset`, :func:`b_offset`, :func:`c_offset`, :func:`fastdiv`,
+:func:`load_map`, :func:`fragment_map`, :func:`epilogue_map`), and
+:func:`emulate` / :func:`emulate_block` / :func:`emulate_epilogue` compute
+convolutions (and a block's product and stores) through it on the CPU: the
+tests check them against :func:`cc2ops.conv.conv_forward_reference` and its
+gradients, so the formulas the CUDA C uses are tested without a GPU.
+
+Notes
+-----
+- float32 only; C-contiguous arrays (others are copied first).
+- Every tensor, and the split-K workspace, must have fewer than 2^31
+  elements (the kernels index in 32 bits): :func:`supports` says no otherwise.
+- Needs a device of compute capability 8.0 or later (TF32 ``mma.sync``,
+  ``cp.async``); the run functions raise ``ValueError`` on older devices.
+- One kernel is compiled per (pass, filter size, stride, padding, tile,
+  precision, copy width, epilogue); image and batch sizes, channels and
+  groups are run-time values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from cc2ops.cuda.compile import register_namer, register_variants
+
+__all__ = [
+    "OPS",
+    "PRECISIONS",
+    "Geometry",
+    "TileConfig",
+    "TILES",
+    "Plan",
+    "gemm_shape",
+    "fastdiv_magic",
+    "fastdiv",
+    "a_offset",
+    "b_offset",
+    "c_offset",
+    "emulate",
+    "load_map",
+    "fragment_map",
+    "emulate_block",
+    "epilogue_map",
+    "a_vector_width",
+    "emulate_epilogue",
+    "plan",
+    "supports",
+    "variants",
+    "filter_acts",
+    "image_acts",
+    "weight_acts",
+]
+
+#: The passes, by the names of the conv family's ops.
+OPS = ("filter_acts", "image_acts", "weight_acts")
+#: ``"fp32"``: 3xTF32 (fp32-accurate); ``"tf32"``: one TF32 product.
+PRECISIONS = ("fp32", "tf32")
+
+_TAG = {"filter_acts": "fwd", "image_acts": "dgrad", "weight_acts": "wgrad"}
+_SPLIT = {"tf32": 1, "fp32": 3}
+_INDEX_LIMIT = 2**31 - 1
+_GRID_YZ_LIMIT = 65535
+_REDUCE_BLOCK = 256
+
+
+class Geometry(Protocol):
+    """What the kernels read from a convolution geometry (bc01, per pass)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    filters: int
+    kh: int
+    kw: int
+    stride_h: int
+    stride_w: int
+    pad_h: int
+    pad_w: int
+    groups: int
+    out_h: int
+    out_w: int
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """A block tile: ``bm x bn`` of C per block, ``bk`` deep per pipeline stage.
+
+    ``wm x wn`` warps, each owning a ``bm/wm x bn/wn`` sub-tile;
+    ``stages`` shared-memory buffers in the ``cp.async`` ring.
+
+    ``vec``: copy A with 16-byte ``cp.async`` (4 consecutive k) wherever the
+    geometry and the pointer allow it (:func:`a_vector_width`), else 4-byte
+    copies. ``stage_c``: write C through shared memory, a warp storing 32
+    consecutive n of one row per instruction (coalesced), instead of straight
+    from the mma fragments (4 scattered pairs of floats per row); needs a warp
+    tile ``bn/wn`` that is a multiple of 32, else the direct stores are used.
+    Both off is the original kernel.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int = 3
+    vec: bool = True
+    stage_c: bool = True
+
+    @property
+    def threads(self) -> int:
+        return self.wm * self.wn * 32
+
+    def valid(self) -> bool:
+        """The constraints the template asserts (load maps, warp tiling)."""
+        t = self.threads
+        return (
+            self.bm % (16 * self.wm) == 0
+            and self.bn % (8 * self.wn) == 0
+            and self.bk % 8 == 0
+            and t % self.bk == 0
+            and (self.bm * self.bk) % t == 0
+            and (self.bn * self.bk) % t == 0
+            and t % self.bn == 0
+            and self.stages >= 2
+        )
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return self.bm // self.wm, self.bn // self.wn
+
+    def can_vec(self) -> bool:
+        """Whether the 16-byte A load map fits (``bk/4`` vectors per row)."""
+        v = self.bk // 4
+        return self.threads % v == 0 and (self.bm * v) % self.threads == 0
+
+    def can_stage_c(self) -> bool:
+        """Whether the staged epilogue fits (warp tile width a multiple of 32)."""
+        return self.warp_tile[1] % 32 == 0
+
+    def stage_c_floats(self) -> int:
+        """Floats of the epilogue's staging buffers: 16 rows of each warp's tile."""
+        return (self.threads // 32) * 16 * (self.warp_tile[1] + 8)
+
+    def smem_floats(self, op: str) -> tuple[int, int]:
+        """Floats of one stage of A and of B (row strides padded, see the .cu)."""
+        a = self.bm * (self.bk + 8)
+        if op == "weight_acts":
+            b = self.bn * (self.bk + 8)
+        else:
+            b = self.bk * (self.bn + 4)
+        return a, b
+
+    def shared_bytes(self, op: str) -> int:
+        """Dynamic shared memory: the stages and wgrad's tap table (int4/column);
+        the epilogue's staging buffers reuse it (and enlarge it if they need to)."""
+        a, b = self.smem_floats(op)
+        table = 16 * self.bn if op == "weight_acts" else 0
+        pipeline = 4 * self.stages * (a + b) + table
+        if self.stage_c and self.can_stage_c():
+            return max(pipeline, 4 * self.stage_c_floats())
+        return pipeline
+
+    @property
+    def label(self) -> str:
+        flags = ("" if self.vec else "_a4") + ("" if self.stage_c else "_cdirect")
+        return (
+            f"bm{self.bm}_bn{self.bn}_bk{self.bk}_w{self.wm}x{self.wn}_st{self.stages}"
+            + flags
+        )
+
+
+#: The tile shapes offered to the autotuner (largest first).
+TILES = (
+    TileConfig(128, 128, 16, 2, 4),  # 256 threads, warp tile 64x32
+    TileConfig(128, 64, 16, 2, 2),  # 128 threads, warp tile 64x32
+    TileConfig(64, 128, 16, 2, 2),  # 128 threads, warp tile 32x64
+    TileConfig(64, 64, 32, 2, 2),  # 128 threads, warp tile 32x32
+    TileConfig(32, 128, 32, 1, 4),  # 128 threads, warp tile 32x32, small M
+)
+
+
+# --------------------------------------------------------------------------
+# index arithmetic: the spec of the CUDA C, in numpy
+# --------------------------------------------------------------------------
+
+
+def _dims(g: Geometry) -> dict[str, int]:
+    return dict(
+        B=int(g.batch),
+        C=int(g.channels),
+        H=int(g.height),
+        W=int(g.width),
+        F=int(g.filters),
+        KH=int(g.kh),
+        KW=int(g.kw),
+        SH=int(g.stride_h),
+        SW=int(g.stride_w),
+        PH=int(g.pad_h),
+        PW=int(g.pad_w),
+        G=int(g.groups),
+        OH=int(g.out_h),
+        OW=int(g.out_w),
+        Cg=int(g.channels) // int(g.groups),
+        Fg=int(g.filters) // int(g.groups),
+    )
+
+
+def gemm_shape(op: str, g: Geometry) -> tuple[int, int, int]:
+    """``(M, N, K)`` of one group's GEMM for ``op`` (see the module table)."""
+    d = _dims(g)
+    khkw = d["KH"] * d["KW"]
+    if op == "filter_acts":
+        return d["Fg"], d["B"] * d["OH"] * d["OW"], d["Cg"] * khkw
+    if op == "image_acts":
+        return d["Cg"], d["B"] * d["H"] * d["W"], d["Fg"] * khkw
+    if op == "weight_acts":
+        return d["Fg"], d["Cg"] * khkw, d["B"] * d["OH"] * d["OW"]
+    raise ValueError(f"conv_igemm: op must be one of {OPS}, got {op!r}")
+
+
+def _divisors(op: str, g: Geometry) -> tuple[int, int]:
+    """The run-time divisors (d1, d2): pixels per image and pixels per row."""
+    d = _dims(g)
+    if op == "image_acts":
+        return d["H"] * d["W"], d["W"]
+    return d["OH"] * d["OW"], d["OW"]
+
+
+def fastdiv_magic(d: int) -> tuple[int, int]:
+    """``(magic, shift)`` with ``n // d == (umulhi(n, magic) + n) >> shift``.
+
+    For ``1 <= d < 2^31`` and ``0 <= n < 2^31`` (Granlund and Montgomery;
+    ``shift = ceil(log2 d)``, ``magic = 2^32 (2^shift - d) / d + 1`` rounded
+    down, below 2^32). The kernels divide by run-time image sizes this way.
+    """
+    d = int(d)
+    if not 1 <= d <= _INDEX_LIMIT:
+        raise ValueError(f"fastdiv_magic: divisor must be in [1, 2^31), got {d}")
+    shift = (d - 1).bit_length()
+    magic = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return magic, shift
+
+
+def fastdiv(n: Any, magic: int, shift: int) -> np.ndarray:
+    """``n // d`` the way the kernels compute it (32-bit ``__umulhi``)."""
+    n = np.asarray(n, dtype=np.uint64)
+    hi = (n * np.uint64(magic)) >> np.uint64(32)
+    return ((hi + n) >> np.uint64(shift)).astype(np.int64)
+
+
+def _div(n: np.ndarray, d: int) -> np.ndarray:
+    return fastdiv(n, *fastdiv_magic(d))
+
+
+def a_offset(
+    op: str, g: Geometry, grp: int, m: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flat offset into A's tensor (w, w, dy) of ``A[m, k]``, and its predicate.
+
+    ``filter_acts``: ``w[grp*Fg + m][k]``; ``image_acts``: ``w[grp*Fg +
+    f][m][t]`` with ``k = f*kh*kw + t``; ``weight_acts``: ``dy[img][grp*Fg +
+    m][pix]`` with ``k = img*Ho*Wo + pix``. Offsets where the predicate is
+    False are meaningless (the kernel copies a zero there).
+    """
+    d = _dims(g)
+    m, k = np.broadcast_arrays(np.asarray(m, np.int64), np.asarray(k, np.int64))
+    big_m, _, big_k = gemm_shape(op, g)
+    ok = (m < big_m) & (k < big_k)
+    khkw = d["KH"] * d["KW"]
+    if op == "filter_acts":
+        off = (grp * d["Fg"] + m) * big_k + k
+    elif op == "image_acts":
+        f = k // khkw
+        t = k - f * khkw
+        off = ((grp * d["Fg"] + f) * d["Cg"] + m) * khkw + t
+    else:
+        ohw = d["OH"] * d["OW"]
+        img = _div(k, ohw)
+        pix = k - img * ohw
+        off = (img * d["F"] + grp * d["Fg"] + m) * ohw + pix
+    return off, ok
+
+
+def b_offset(
+    op: str, g: Geometry, grp: int, k: np.ndarray, n: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flat offset into B's tensor (x, dy, x) of ``B[k, n]``, and its predicate.
+
+    ``filter_acts``: ``x[img][grp*Cg + c][oh*sh - ph + u][ow*sw - pw + v]``
+    with ``n = (img*Ho + oh)*Wo + ow`` and ``k = (c*kh + u)*kw + v``;
+    ``image_acts``: ``dy[img][grp*Fg + f][(ih + ph - u)/sh][(iw + pw -
+    v)/sw]`` with ``n = (img*H + ih)*W + iw``, ``k = (f*kh + u)*kw + v``, where
+    both quotients are exact and inside the output; ``weight_acts``: as
+    ``filter_acts`` with the roles of k and n exchanged.
+    """
+    d = _dims(g)
+    k, n = np.broadcast_arrays(np.asarray(k, np.int64), np.asarray(n, np.int64))
+    _, big_n, big_k = gemm_shape(op, g)
+    ok = (k < big_k) & (n < big_n)
+    khkw = d["KH"] * d["KW"]
+    if op == "image_acts":
+        hw = d["H"] * d["W"]
+        img = _div(n, hw)
+        pix = n - img * hw
+        ih = _div(pix, d["W"])
+        iw = pix - ih * d["W"]
+        f = k // khkw
+        t = k - f * khkw
+        u = t // d["KW"]
+        v = t - u * d["KW"]
+        ohn = ih + d["PH"] - u
+        own = iw + d["PW"] - v
+        oh = np.where(ohn >= 0, ohn, 0) // d["SH"]
+        ow = np.where(own >= 0, own, 0) // d["SW"]
+        ok &= (ohn >= 0) & (own >= 0) & (oh * d["SH"] == ohn) & (ow * d["SW"] == own)
+        ok &= (oh < d["OH"]) & (ow < d["OW"])
+        off = ((img * d["F"] + grp * d["Fg"] + f) * d["OH"] + oh) * d["OW"] + ow
+        return off, ok
+    pixel, tap = (n, k) if op == "filter_acts" else (k, n)
+    ohw = d["OH"] * d["OW"]
+    img = _div(pixel, ohw)
+    pix = pixel - img * ohw
+    oh = _div(pix, d["OW"])
+    ow = pix - oh * d["OW"]
+    c = tap // khkw
+    t = tap - c * khkw
+    u = t // d["KW"]
+    v = t - u * d["KW"]
+    ih = oh * d["SH"] - d["PH"] + u
+    iw = ow * d["SW"] - d["PW"] + v
+    ok &= (ih >= 0) & (ih < d["H"]) & (iw >= 0) & (iw < d["W"])
+    off = ((img * d["C"] + grp * d["Cg"] + c) * d["H"] + ih) * d["W"] + iw
+    return off, ok
+
+
+def c_offset(
+    op: str, g: Geometry, grp: int, m: np.ndarray, n: np.ndarray, split: int = 0
+) -> np.ndarray:
+    """Flat offset into the output (y, dx, dw or split-K partials) of ``C[m, n]``.
+
+    Only for ``m < M``, ``n < N`` (the kernel's stores are predicated so).
+    ``weight_acts`` partials of slice ``split`` start at ``split*F*N``.
+    """
+    d = _dims(g)
+    m, n = np.broadcast_arrays(np.asarray(m, np.int64), np.asarray(n, np.int64))
+    if op == "filter_acts":
+        ohw = d["OH"] * d["OW"]
+        img = _div(n, ohw)
+        return img * d["F"] * ohw + (n - img * ohw) + (grp * d["Fg"] + m) * ohw
+    if op == "image_acts":
+        hw = d["H"] * d["W"]
+        img = _div(n, hw)
+        return img * d["C"] * hw + (n - img * hw) + (grp * d["Cg"] + m) * hw
+    _, big_n, _ = gemm_shape(op, g)
+    return split * d["F"] * big_n + (grp * d["Fg"] + m) * big_n + n
+
+
+def _out_shape(op: str, g: Geometry) -> tuple[int, ...]:
+    d = _dims(g)
+    if op == "filter_acts":
+        return (d["B"], d["F"], d["OH"], d["OW"])
+    if op == "image_acts":
+        return (d["B"], d["C"], d["H"], d["W"])
+    return (d["F"], d["Cg"], d["KH"], d["KW"])
+
+
+def _in_shapes(op: str, g: Geometry) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of (A's tensor, B's tensor)."""
+    d = _dims(g)
+    x = (d["B"], d["C"], d["H"], d["W"])
+    w = (d["F"], d["Cg"], d["KH"], d["KW"])
+    dy = (d["B"], d["F"], d["OH"], d["OW"])
+    return {"filter_acts": (w, x), "image_acts": (w, dy), "weight_acts": (dy, x)}[op]
+
+
+def _gather(t: np.ndarray, off: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    flat = np.asarray(t, dtype=np.float64).reshape(-1)
+    safe = np.where(ok, off, 0)
+    if ok.any() and (off[ok].min() < 0 or off[ok].max() >= flat.size):
+        raise AssertionError(
+            "conv_igemm.emulate: a predicated-on offset is out of range"
+        )
+    return np.where(ok, flat[safe], 0.0)
+
+
+def emulate(
+    op: str,
+    g: Geometry,
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    config: TileConfig | None = None,
+    splits: int = 1,
+) -> np.ndarray:
+    """The convolution pass computed through the kernels' index maps, in float64.
+
+    ``a``, ``b`` are the pass's operands as in :func:`filter_acts` etc.
+    reordered to (A's tensor, B's tensor): (w, x), (w, dy) or (dy, x). The
+    GEMM operands are gathered with :func:`a_offset` / :func:`b_offset` over
+    the tile-padded ranges of ``config`` (the predicates must zero the
+    padding), products of ``weight_acts`` are cut into ``splits`` K slices
+    stored at their :func:`c_offset` and summed in slice order, and every
+    element of the output must be written exactly once per slice.
+    """
+    config = config or TILES[0]
+    big_m, big_n, big_k = gemm_shape(op, g)
+    d = _dims(g)
+    pm = -(-big_m // config.bm) * config.bm
+    pn = -(-big_n // config.bn) * config.bn
+    pk = -(-big_k // config.bk) * config.bk
+    k_chunk, splits = _slices(big_k, config.bk, splits)
+    size = math.prod(_out_shape(op, g))
+    out = np.full(splits * size, np.nan)
+    written = np.zeros(splits * size, dtype=np.int64)
+    m = np.arange(pm)[:, None]
+    n = np.arange(pn)[None, :]
+    for grp in range(d["G"]):
+        big_a = _gather(a, *a_offset(op, g, grp, m, np.arange(pk)[None, :]))
+        big_b = _gather(b, *b_offset(op, g, grp, np.arange(pk)[:, None], n))
+        store = (m < big_m) & (n < big_n)
+        for s in range(splits):
+            ks = slice(s * k_chunk, min(big_k, (s + 1) * k_chunk))
+            prod = big_a[:, ks] @ big_b[ks, :]
+            off = c_offset(op, g, grp, np.minimum(m, big_m - 1), n, split=s)
+            off = np.where(store, off, 0)
+            out[off[store]] = prod[store]
+            np.add.at(written, off[store], 1)
+    if not (written == 1).all():
+        raise AssertionError("conv_igemm.emulate: an output written never or twice")
+    return out.reshape(splits, size).sum(axis=0).reshape(_out_shape(op, g))
+
+
+def load_map(
+    config: TileConfig, op: str, operand: str, vec: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, k) of every tile element each thread copies: arrays (threads, loads).
+
+    Rows are m for A and n for B. A, and B of ``weight_acts``, are copied
+    k-major (``k = tid % bk``, ``row = tid // bk + e * threads/bk``); B of
+    the other passes n-major (``n = tid % bn``, ``k = tid // bn + e *
+    threads/bn``), so each thread decodes one output (or input) pixel once.
+    ``vec=4`` (A only, the kernel's ``AVEC``): vector e of a thread is row
+    ``tid // (bk/4) + e * threads/(bk/4)``, columns ``4*(tid % (bk/4)) + i``
+    for i < 4 (element ``4e + i``).
+    """
+    t = config.threads
+    tid = np.arange(t)[:, None]
+    rows = config.bm if operand == "A" else config.bn
+    if vec == 4:
+        if operand != "A":
+            raise ValueError("conv_igemm.load_map: only A is copied in vectors")
+        v = config.bk // 4
+        e = np.arange(rows * v // t)[:, None]
+        i = np.arange(4)[None, :]
+        r = (tid // v)[:, :, None] + (e * (t // v))[None]
+        k = (4 * (tid % v))[:, :, None] + i[None]
+        r, k = np.broadcast_arrays(r, k)
+        return r.reshape(t, -1), k.reshape(t, -1)
+    if vec != 1:
+        raise ValueError(f"conv_igemm.load_map: vec must be 1 or 4, got {vec}")
+    e = np.arange(rows * config.bk // t)[None, :]
+    if operand == "A" or op == "weight_acts":
+        k = np.broadcast_to(tid % config.bk, (t, e.shape[1]))
+        r = tid // config.bk + e * (t // config.bk)
+    else:
+        r = np.broadcast_to(tid % config.bn, (t, e.shape[1]))
+        k = tid // config.bn + e * (t // config.bn)
+    return r, k
+
+
+def fragment_map(config: TileConfig, op: str, lane_warp: tuple[int, int]) -> dict:
+    """Shared-memory float indices of one thread's mma fragments (one stage).
+
+    Returns ``a`` (mt, kk, 4), ``b`` (nt, kk, 2) and the logical tile
+    coordinates: ``a_mk`` (mt, kk, 4, 2) as (m, k), ``b_kn`` (nt, kk, 2, 2)
+    as (k, n), and ``c_mn`` (mt, nt, 4, 2) of the accumulators. Register q of
+    A sits at hardware (row gid + 8*(q & 1), column tig + 4*(q >> 1)) and
+    holds logical k ``2*tig + (q >> 1)``; B's register q at hardware row
+    ``tig + 4q`` holds logical k ``2*tig + q``.
+    """
+    lane, warp = lane_warp
+    gid, tig = lane >> 2, lane & 3
+    warp_m, warp_n = warp // config.wn, warp % config.wn
+    wtm, wtn = config.bm // config.wm, config.bn // config.wn
+    mt_n, nt_n, kk_n = wtm // 16, wtn // 8, config.bk // 8
+    sa = config.bk + 8
+    kmajor_b = op == "weight_acts"
+    sb = config.bk + 8 if kmajor_b else config.bn + 4
+    a = np.zeros((mt_n, kk_n, 4), np.int64)
+    a_mk = np.zeros((mt_n, kk_n, 4, 2), np.int64)
+    b = np.zeros((nt_n, kk_n, 2), np.int64)
+    b_kn = np.zeros((nt_n, kk_n, 2, 2), np.int64)
+    for kk in range(kk_n):
+        for mt in range(mt_n):
+            for q in range(4):
+                row = warp_m * wtm + mt * 16 + gid + 8 * (q & 1)
+                k = kk * 8 + 2 * tig + (q >> 1)
+                a[mt, kk, q] = row * sa + k
+                a_mk[mt, kk, q] = (row, k)
+        for nt in range(nt_n):
+            for q in range(2):
+                col = warp_n * wtn + nt * 8 + gid
+                k = kk * 8 + 2 * tig + q
+                b[nt, kk, q] = col * sb + k if kmajor_b else k * sb + col
+                b_kn[nt, kk, q] = (k, col)
+    c_mn = np.zeros((mt_n, nt_n, 4, 2), np.int64)
+    for mt in range(mt_n):
+        for nt in range(nt_n):
+            for q in range(4):
+                c_mn[mt, nt, q] = (
+                    warp_m * wtm + mt * 16 + gid + 8 * (q >> 1),
+                    warp_n * wtn + nt * 8 + 2 * tig + (q & 1),
+                )
+    return dict(a=a, b=b, a_mk=a_mk, b_kn=b_kn, c_mn=c_mn)
+
+
+def emulate_block(
+    config: TileConfig, op: str, a_tile: np.ndarray, b_tile: np.ndarray
+) -> np.ndarray:
+    """One block's product of one stage through the kernel's data movement.
+
+    ``a_tile`` (bm, bk) and ``b_tile`` (bk, bn) are copied to shared memory
+    as :func:`load_map` says, read back as :func:`fragment_map` says, and
+    multiplied with the documented m16n8k8 semantics (``D[r, c] += sum_j
+    A[r, j] B[j, c]`` over hardware k ``j``); returns C (bm, bn) assembled
+    from every thread's accumulators.
+    """
+    sa_f, sb_f = config.smem_floats(op)
+    sa, sb = np.full(sa_f, np.nan), np.full(sb_f, np.nan)
+    kmajor_b = op == "weight_acts"
+    stride_a = config.bk + 8
+    stride_b = config.bk + 8 if kmajor_b else config.bn + 4
+    r, k = load_map(config, op, "A")
+    sa[r * stride_a + k] = a_tile[r, k]
+    r, k = load_map(config, op, "B")
+    sb[r * stride_b + k if kmajor_b else k * stride_b + r] = b_tile[k, r]
+    out = np.full((config.bm, config.bn), np.nan)
+    for warp in range(config.threads // 32):
+        frags = [fragment_map(config, op, (lane, warp)) for lane in range(32)]
+        mt_n, kk_n = frags[0]["a"].shape[:2]
+        nt_n = frags[0]["b"].shape[0]
+        for mt in range(mt_n):
+            for nt in range(nt_n):
+                acc = np.zeros((16, 8))
+                for kk in range(kk_n):
+                    hw_a = np.zeros((16, 8))
+                    hw_b = np.zeros((8, 8))
+                    for lane in range(32):
+                        gid, tig = lane >> 2, lane & 3
+                        for q in range(4):
+                            hw_a[gid + 8 * (q & 1), tig + 4 * (q >> 1)] = sa[
+                                frags[lane]["a"][mt, kk, q]
+                            ]
+                        for q in range(2):
+                            hw_b[tig + 4 * q, gid] = sb[frags[lane]["b"][nt, kk, q]]
+                    acc += hw_a @ hw_b
+                for lane in range(32):
+                    gid, tig = lane >> 2, lane & 3
+                    for q in range(4):
+                        rr, cc = frags[lane]["c_mn"][mt, nt, q]
+                        out[rr, cc] = acc[gid + 8 * (q >> 1), 2 * tig + (q & 1)]
+    return out
+
+
+def epilogue_map(config: TileConfig, lane_warp: tuple[int, int]) -> dict:
+    """Shared-memory float indices of one thread's staged epilogue (``STAGE_C``).
+
+    Warp w stages through floats ``[w*16*sc, (w+1)*16*sc)`` of the block's
+    shared memory, ``sc = bn/wn + 8``, one 16-row block ``mt`` at a time.
+    Returns ``write`` (mt, h, nt): the index of the float2 holding
+    accumulators ``h*2``, ``h*2 + 1`` of fragment (mt, nt) (the pass of
+    ``mt`` only reuses the same indices), ``read`` (16, wtn/32): the index the
+    thread reads for row r and column block c, and ``read_mn`` (mt, 16,
+    wtn/32, 2): the tile coordinates (m, n) it then stores.
+    """
+    lane, warp = lane_warp
+    gid, tig = lane >> 2, lane & 3
+    warp_m, warp_n = warp // config.wn, warp % config.wn
+    wtm, wtn = config.warp_tile
+    mt_n, nt_n, cb = wtm // 16, wtn // 8, wtn // 32
+    sc = wtn + 8
+    base = warp * 16 * sc
+    write = np.zeros((mt_n, 2, nt_n), np.int64)
+    for h in range(2):
+        for nt in range(nt_n):
+            write[:, h, nt] = base + (gid + 8 * h) * sc + nt * 8 + 2 * tig
+    r = np.arange(16)[:, None]
+    c = np.arange(cb)[None, :]
+    read = base + r * sc + c * 32 + lane
+    mt = np.arange(mt_n)[:, None, None]
+    read_mn = np.stack(
+        np.broadcast_arrays(
+            warp_m * wtm + mt * 16 + r[None], warp_n * wtn + c[None] * 32 + lane
+        ),
+        axis=-1,
+    )
+    return dict(write=write, read=read, read_mn=read_mn)
+
+
+def emulate_epilogue(config: TileConfig, c_tile: np.ndarray) -> np.ndarray:
+    """A block's C tile (bm, bn) stored through the staged epilogue.
+
+    Every thread's accumulators (per :func:`fragment_map`'s ``c_mn``) are
+    written to its warp's staging buffer as :func:`epilogue_map` says, read
+    back and stored; returns the stored tile. Raises if a warp's buffer
+    leaves its own range or the block's shared memory, or if an element is
+    stored never or twice.
+    """
+    if not config.can_stage_c():
+        raise ValueError(f"conv_igemm: tile {config} cannot stage C (bn/wn % 32)")
+    floats = config.shared_bytes("filter_acts") // 4
+    out = np.full((config.bm, config.bn), np.nan)
+    count = np.zeros((config.bm, config.bn), np.int64)
+    wtn = config.warp_tile[1]
+    for warp in range(config.threads // 32):
+        lo, hi = warp * 16 * (wtn + 8), (warp + 1) * 16 * (wtn + 8)
+        if hi > floats:
+            raise AssertionError("conv_igemm: staging buffer past shared memory")
+        emaps = [epilogue_map(config, (lane, warp)) for lane in range(32)]
+        cmaps = [
+            fragment_map(config, "filter_acts", (lane, warp))["c_mn"]
+            for lane in range(32)
+        ]
+        for mt in range(emaps[0]["write"].shape[0]):
+            smem = np.full(floats, np.nan)
+            for lane in range(32):
+                w = emaps[lane]["write"][mt]
+                if w.min() < lo or w.max() + 1 >= hi:
+                    raise AssertionError("conv_igemm: staging write outside the warp")
+                for h in range(2):
+                    for nt in range(w.shape[1]):
+                        for j in range(2):
+                            m, n = cmaps[lane][mt, nt, h * 2 + j]
+                            smem[w[h, nt] + j] = c_tile[m, n]
+            for lane in range(32):
+                idx = emaps[lane]["read"]
+                mn = emaps[lane]["read_mn"][mt]
+                out[mn[..., 0], mn[..., 1]] = smem[idx]
+                np.add.at(count, (mn[..., 0], mn[..., 1]), 1)
+    if not (count == 1).all():
+        raise AssertionError("conv_igemm: a C element stored never or twice")
+    return out
+
+
+# --------------------------------------------------------------------------
+# planning
+# --------------------------------------------------------------------------
+
+
+def a_vector_width(op: str, g: Geometry) -> int:
+    """4 when every k-aligned group of 4 elements of A is one 16-byte vector.
+
+    That is: contiguous in memory, 16-byte aligned (given an aligned base
+    pointer) and wholly inside or outside ``[0, K)`` and every split-K slice.
+    ``filter_acts``: A is w viewed as (F, K), so ``K % 4 == 0``.
+    ``weight_acts``: A[m, k] is ``dy[img][grp*Fg + m][pix]``, contiguous
+    within one image, so ``Ho*Wo % 4 == 0``. ``image_acts``: A[m, k] is
+    ``w[grp*Fg + f][m][t]``, not contiguous along k: 1.
+    """
+    if op not in OPS:
+        raise ValueError(f"conv_igemm: op must be one of {OPS}, got {op!r}")
+    d = _dims(g)
+    if op == "filter_acts":
+        return 4 if gemm_shape(op, g)[2] % 4 == 0 else 1
+    if op == "weight_acts":
+        return 4 if (d["OH"] * d["OW"]) % 4 == 0 else 1
+    return 1
+
+
+def _consts(
+    op: str, g: Geometry, config: TileConfig, precision: str, aligned: bool = True
+) -> dict:
+    d = _dims(g)
+    avec = a_vector_width(op, g) if config.vec and config.can_vec() and aligned else 1
+    consts = dict(
+        op=_TAG[op],
+        KH=d["KH"],
+        KW=d["KW"],
+        SH=d["SH"],
+        SW=d["SW"],
+        PH=d["PH"],
+        PW=d["PW"],
+        BM=config.bm,
+        BN=config.bn,
+        BK=config.bk,
+        WM=config.wm,
+        WN=config.wn,
+        STAGES=config.stages,
+        SPLIT=_SPLIT[precision],
+        AVEC=avec,
+        STAGE_C=int(config.stage_c and config.can_stage_c()),
+    )
+    consts["name"] = _kernel_name(**consts)
+    return consts
+
+
+@register_namer("conv_igemm")
+def _kernel_name(op: str, **c: Any) -> str:
+    prec = "3xtf32" if c["SPLIT"] == 3 else "tf32"
+    flags = ("_av4" if c["AVEC"] == 4 else "") + ("_cst" if c["STAGE_C"] else "")
+    return (
+        f"conv_igemm_{op}_k{c['KH']}x{c['KW']}_s{c['SH']}x{c['SW']}"
+        f"_p{c['PH']}x{c['PW']}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}"
+        f"_w{c['WM']}x{c['WN']}_st{c['STAGES']}{flags}_{prec}"
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Everything a launch needs: kernel constants, grid, split-K slicing."""
+
+    op: str
+    config: TileConfig
+    consts: dict
+    m: int
+    n: int
+    k: int
+    splits: int
+    k_chunk: int
+    grid: tuple[int, int, int]
+    block: int
+    shared_bytes: int
+    divisors: tuple[int, int]
+
+
+def _slices(big_k: int, bk: int, splits: int) -> tuple[int, int]:
+    """(k_chunk, splits): whole ``bk`` tiles per slice, no empty slice."""
+    ktiles = -(-big_k // bk)
+    k_chunk = -(-ktiles // splits) * bk
+    return k_chunk, -(-big_k // k_chunk)
+
+
+def _split_k(op: str, g: Geometry, config: TileConfig, num_sms: int) -> int:
+    """Slices of K for ``weight_acts``: enough blocks for two per SM."""
+    if op != "weight_acts":
+        return 1
+    big_m, big_n, big_k = gemm_shape(op, g)
+    tiles = -(-big_m // config.bm) * -(-big_n // config.bn) * int(g.groups)
+    ktiles = -(-big_k // config.bk)
+    want = -(-2 * num_sms // tiles)
+    splits = max(1, min(want, ktiles // 8, 64))
+    size = int(g.filters) * big_n
+    while splits > 1 and (
+        splits * size > _INDEX_LIMIT or splits * int(g.groups) > _GRID_YZ_LIMIT
+    ):
+        splits -= 1
+    return splits
+
+
+def default_config(op: str, g: Geometry) -> TileConfig:
+    """The tile used when none is given: by the GEMM's M."""
+    big_m, _, _ = gemm_shape(op, g)
+    if big_m <= 32:
+        return TILES[4]
+    if big_m <= 64:
+        return TILES[2]
+    return TILES[0]
+
+
+def _check_splits(op: str, g: Geometry, splits: Any) -> int:
+    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)):
+        raise TypeError(f"conv_igemm: splits must be an int, got {splits!r}")
+    splits = int(splits)
+    if splits < 1:
+        raise ValueError(f"conv_igemm: splits must be >= 1, got {splits}")
+    if splits > 1 and op != "weight_acts":
+        raise ValueError(
+            f"conv_igemm: only weight_acts splits K, got splits={splits} for {op}"
+        )
+    size = int(g.filters) * gemm_shape(op, g)[1]
+    if splits * size > _INDEX_LIMIT or splits * int(g.groups) > _GRID_YZ_LIMIT:
+        raise ValueError(
+            f"conv_igemm: splits={splits} exceeds the 2^31-element workspace or "
+            f"the grid's z limit for {op}"
+        )
+    return splits
+
+
+def plan(
+    op: str,
+    g: Geometry,
+    precision: str,
+    config: TileConfig | None = None,
+    num_sms: int = 132,
+    splits: int | None = None,
+    aligned: bool = True,
+) -> Plan:
+    """The launch of ``op`` on ``g``: grid (N tiles, M tiles, groups*splits).
+
+    ``splits``: K slices of ``weight_acts`` (None: enough blocks for two per
+    SM; an int forces that many, fewer only where slices would be empty).
+    ``aligned``: whether A's pointer is 16-byte aligned (else no 16-byte
+    copies).
+    """
+    if op not in OPS:
+        raise ValueError(f"conv_igemm: op must be one of {OPS}, got {op!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"conv_igemm: precision must be one of {PRECISIONS}, got {precision!r}"
+        )
+    config = config or default_config(op, g)
+    if not config.valid():
+        raise ValueError(f"conv_igemm: tile {config} breaks the template's rules")
+    big_m, big_n, big_k = gemm_shape(op, g)
+    if splits is None:
+        splits = _split_k(op, g, config, num_sms)
+    else:
+        splits = _check_splits(op, g, splits)
+    k_chunk, splits = _slices(big_k, config.bk, splits)
+    grid = (
+        -(-big_n // config.bn),
+        -(-big_m // config.bm),
+        int(g.groups) * splits,
+    )
+    return Plan(
+        op=op,
+        config=config,
+        consts=_consts(op, g, config, precision, aligned),
+        m=big_m,
+        n=big_n,
+        k=big_k,
+        splits=splits,
+        k_chunk=k_chunk,
+        grid=grid,
+        block=config.threads,
+        shared_bytes=config.shared_bytes(op),
+        divisors=_divisors(op, g),
+    )
+
+
+def supports(op: str, geometry: Geometry, dtype: Any, precision: str) -> bool:
+    """Whether these kernels compute ``op`` on ``geometry`` (see Notes of the module).
+
+    Any batch, channels, filters, image and filter size, stride, padding and
+    groups; float32 only; every tensor below 2^31 elements.
+    """
+    if op not in OPS or precision not in PRECISIONS:
+        return False
+    try:
+        if np.dtype(dtype) != np.float32:
+            return False
+        d = _dims(geometry)
+    except (TypeError, AttributeError, ValueError):
+        return False
+    if min(d.values()) < 0 or min(d[k] for k in d if k not in ("PH", "PW")) < 1:
+        return False
+    if d["C"] % d["G"] or d["F"] % d["G"] or d["G"] > _GRID_YZ_LIMIT:
+        return False
+    want_oh = (d["H"] + 2 * d["PH"] - d["KH"]) // d["SH"] + 1
+    want_ow = (d["W"] + 2 * d["PW"] - d["KW"]) // d["SW"] + 1
+    if (d["OH"], d["OW"]) != (want_oh, want_ow):
+        return False
+    shapes = (*_in_shapes(op, geometry), _out_shape(op, geometry))
+    sizes = [math.prod(s) for s in shapes]
+    big_m, big_n, big_k = gemm_shape(op, geometry)
+    pad = max(max(t.bm, t.bn, t.bk) for t in TILES)
+    if max(sizes) > _INDEX_LIMIT or max(big_n, big_k) + pad > _INDEX_LIMIT:
+        return False
+    return -(-big_m // min(t.bm for t in TILES)) <= _GRID_YZ_LIMIT
+
+
+def variants(op: str, geometry: Geometry, precision: str) -> list[TileConfig]:
+    """Tile shapes worth timing for ``op`` on ``geometry`` (pass one as ``config``).
+
+    Drops tiles whose M is more than twice the GEMM's M (mostly idle rows).
+    Each has the default data paths (``vec`` and ``stage_c`` on); tiles that
+    differ only in those are distinguished by ``TileConfig.label``.
+    """
+    if not supports(op, geometry, np.float32, precision):
+        return []
+    big_m, _, _ = gemm_shape(op, geometry)
+    out = [t for t in TILES if t.bm <= max(32, 2 * big_m)]
+    return out or [TILES[-1]]
+
+
+# --------------------------------------------------------------------------
+# running
+# --------------------------------------------------------------------------
+
+
+def _prepare(name: str, arr: Any, shape: tuple[int, ...], device: int) -> Any:
+    from cc2ops.cuda.array import ascontiguous
+
+    if tuple(arr.shape) != shape:
+        raise ValueError(
+            f"conv_igemm.{name}: expected shape {shape}, got {tuple(arr.shape)}"
+        )
+    if np.dtype(arr.dtype) != np.float32:
+        raise TypeError(f"conv_igemm.{name}: float32 only, got {arr.dtype}")
+    return ascontiguous(arr, device)
+
+
+def _run(
+    op: str,
+    a: Any,
+    b: Any,
+    out: Any,
+    g: Geometry,
+    precision: str,
+    device: int,
+    config: TileConfig | None,
+    splits: int | None = None,
+) -> None:
+    from cc2ops.cuda import array
+    from cc2ops.cuda.compile import get_kernel, launch
+    from cc2ops.cuda.device import get_device
+
+    if not supports(op, g, np.float32, precision):
+        raise ValueError(f"conv_igemm.{op}: geometry {g} is not supported")
+    dev = get_device(device)
+    if tuple(dev.compute_capability) < (8, 0):
+        raise ValueError(
+            f"conv_igemm.{op}: needs compute capability 8.0 or later (TF32 mma.sync, "
+            f"cp.async), device {device} has {dev.compute_capability}"
+        )
+    a_shape, b_shape = _in_shapes(op, g)
+    a = _prepare(op, a, a_shape, device)
+    b = _prepare(op, b, b_shape, device)
+    out_shape = _out_shape(op, g)
+    if tuple(out.shape) != out_shape or np.dtype(out.dtype) != np.float32:
+        raise ValueError(
+            f"conv_igemm.{op}: out must be float32 of shape {out_shape}, got "
+            f"{out.dtype} {tuple(out.shape)}"
+        )
+    if not array.is_c_contiguous(out):
+        raise ValueError(f"conv_igemm.{op}: out must be C-contiguous")
+    aligned = array.ptr(a) % 16 == 0
+    p = plan(op, g, precision, config, dev.multiprocessors, splits, aligned)
+    d = _dims(g)
+    (m1, s1), (m2, s2) = (fastdiv_magic(v) for v in p.divisors)
+    fn = get_kernel("conv_igemm", device, **p.consts)
+    target = out
+    if p.splits > 1:
+        target = array.empty((p.splits, *out_shape), np.float32, device)
+    i32, u32 = np.int32, np.uint32
+    args = [
+        a,
+        b,
+        target,
+        *(i32(d[k]) for k in ("C", "H", "W", "F", "OH", "OW", "Cg", "Fg")),
+        i32(p.m),
+        i32(p.n),
+        i32(p.k),
+        i32(p.k_chunk),
+        i32(d["G"]),
+        u32(m1),
+        u32(s1),
+        u32(m2),
+        u32(s2),
+    ]
+    launch(fn, p.grid, p.block, args, device, shared_mem=p.shared_bytes)
+    if p.splits > 1:
+        total = math.prod(out_shape)
+        # the reduction lives in the wgrad kernel's module
+        red = get_kernel("conv_igemm", device, f"{p.consts['name']}_sum", **p.consts)
+        blocks = min(-(-total // _REDUCE_BLOCK), 8 * dev.multiprocessors)
+        launch(
+            red,
+            blocks,
+            _REDUCE_BLOCK,
+            [target, out, np.int64(total), i32(p.splits)],
+            device,
+        )
+
+
+def filter_acts(
+    x: Any,
+    w: Any,
+    out: Any,
+    geometry: Geometry,
+    precision: str,
+    device: int,
+    config: TileConfig | None = None,
+) -> None:
+    """Forward convolution ``out = conv(x, w)`` on the tensor cores.
+
+    Parameters
+    ----------
+    x : GPUArray, shape (B, C, H, W)
+    w : GPUArray, shape (F, C/groups, kh, kw)
+    out : GPUArray, shape (B, F, Ho, Wo)
+        C-contiguous, overwritten completely.
+    geometry : Geometry
+    precision : {"fp32", "tf32"}
+        3xTF32 (fp32-accurate) or TF32.
+    device : int
+        Device label; runs on its stream.
+    config : TileConfig, optional
+        One of :func:`variants`; default :func:`default_config`.
+    """
+    _run("filter_acts", w, x, out, geometry, precision, device, config)
+
+
+def image_acts(
+    dy: Any,
+    w: Any,
+    out: Any,
+    geometry: Geometry,
+    precision: str,
+    device: int,
+    config: TileConfig | None = None,
+) -> None:
+    """Gradient wrt the images, ``out = dx``, on the tensor cores.
+
+    Parameters
+    ----------
+    dy : GPUArray, shape (B, F, Ho, Wo)
+    w : GPUArray, shape (F, C/groups, kh, kw)
+    out : GPUArray, shape (B, C, H, W)
+        C-contiguous, overwritten completely (0 where no filter tap reaches).
+    geometry, precision, device, config
+        As in :func:`filter_acts`.
+    """
+    _run("image_acts", w, dy, out, geometry, precision, device, config)
+
+
+def weight_acts(
+    x: Any,
+    dy: Any,
+    out: Any,
+    geometry: Geometry,
+    precision: str,
+    device: int,
+    config: TileConfig | None = None,
+    splits: int | None = None,
+) -> None:
+    """Gradient wrt the filters, ``out = dw``, on the tensor cores.
+
+    Parameters
+    ----------
+    x : GPUArray, shape (B, C, H, W)
+    dy : GPUArray, shape (B, F, Ho, Wo)
+    out : GPUArray, shape (F, C/groups, kh, kw)
+        C-contiguous, overwritten completely.
+    geometry, precision, device, config
+        As in :func:`filter_acts`.
+    splits : int, optional
+        K slices (see Notes); default: enough blocks for about two per SM.
+
+    Notes
+    -----
+    K (every output pixel of the batch) is cut into slices so that there
+    are about two blocks per SM; with more than one slice the partial
+    products go to a workspace from the device pool and a second kernel sums
+    them in slice order (deterministic).
+    """
+    _run("weight_acts", dy, x, out, geometry, precision, device, config, splits)
+
+
+# --------------------------------------------------------------------------
+# variants compiled by the CPU test suite
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _G:
+    batch: int
+    channels: int
+    height: int
+    width: int
+    filters: int
+    kh: int
+    kw: int
+    stride_h: int
+    stride_w: int
+    pad_h: int
+    pad_w: int
+    groups: int
+    out_h: int
+    out_w: int
+
+
+def _geom(c: int, f: int, hw: int, k: int, s: int, p: int) -> _G:
+    o = (hw + 2 * p - k) // s + 1
+    return _G(8, c, hw, hw, f, k, k, s, s, p, p, 1, o, o)
+
+
+@register_variants("conv_igemm")
+def _variants() -> list[dict[str, Any]]:
+    conv3 = _geom(192, 384, 13, 3, 1, 1)
+    conv2 = _geom(64, 192, 27, 5, 1, 2)
+    conv1 = _geom(3, 64, 224, 11, 4, 2)
+    res14 = _geom(64, 64, 14, 3, 1, 1)  # Ho*Wo % 4 == 0: 16-byte dy copies
+    original = replace(TILES[0], vec=False, stage_c=False)
+    return [
+        _consts("filter_acts", conv3, TILES[0], "tf32"),
+        _consts("filter_acts", conv3, original, "tf32"),
+        _consts("filter_acts", conv2, TILES[0], "fp32"),
+        _consts("filter_acts", conv1, TILES[3], "tf32"),
+        _consts("image_acts", conv3, TILES[2], "tf32"),
+        _consts("weight_acts", conv3, TILES[1], "fp32"),
+        _consts("weight_acts", res14, TILES[4], "tf32"),
+    ]

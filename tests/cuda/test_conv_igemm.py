@@ -1,0 +1,677 @@
+"""The tensor-core implicit-GEMM convolution kernels (``cc2ops.cuda.conv_igemm``).
+
+CPU tests (run everywhere): the kernels' index maps, emulated in numpy, compute
+the three passes exactly like the references of ``cc2ops.conv``; the fast
+division matches ``//``; the tile load maps (4-byte and 16-byte) cover each
+tile once and the 16-byte copies are exact where :func:`a_vector_width` says
+so; the fragment maps with the permuted k and the documented m16n8k8
+semantics reproduce a block's product; the staged epilogue stores every C
+element once; shared-memory fragment and staging accesses are free of bank
+conflicts; a model of the tensor cores' truncating accumulation shows why
+3xTF32 promotes every k8 step's sum to fp32 FADDs; plans and ``supports``.
+
+GPU tests (``gpu`` marker): the kernels against the float64 references on odd
+shapes, groups, strides, rectangular images and filters and the AlexNet
+layers, with NaN-poisoned outputs; TF32 relative error < 5e-3 (and > 1e-6, so
+TF32 really ran), 3xTF32 < 1e-5; each data path (16-byte or 4-byte A copies,
+staged or direct C stores), misaligned operands, and forced split-K (the
+sanitize test exercises the reduction kernel whatever the SM count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from cc2ops.conv import (
+    conv_backward_data_reference,
+    conv_backward_filter_reference,
+    conv_forward_reference,
+)
+from cc2ops.cuda import conv_igemm as ci
+from cc2ops.shapes import conv_output_shape
+
+
+@dataclass(frozen=True)
+class Geom:
+    """The fields of ``cc2ops.cuda.conv.ConvGeometry`` the kernels read."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    filters: int
+    kh: int
+    kw: int
+    stride_h: int
+    stride_w: int
+    pad_h: int
+    pad_w: int
+    groups: int
+    out_h: int
+    out_w: int
+
+
+def geom(b, c, hw, f, khw, stride=1, pad=0, groups=1) -> Geom:
+    hw = hw if isinstance(hw, tuple) else (hw, hw)
+    khw = khw if isinstance(khw, tuple) else (khw, khw)
+    st = stride if isinstance(stride, tuple) else (stride, stride)
+    pd = pad if isinstance(pad, tuple) else (pad, pad)
+    oh, ow = conv_output_shape(hw, khw, st, pd)
+    return Geom(b, c, *hw, f, *khw, *st, *pd, groups, oh, ow)
+
+
+def tensors(g: Geom, seed: int = 0, dtype=np.float32):
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((g.batch, g.channels, g.height, g.width)).astype(dtype)
+    w = r.standard_normal((g.filters, g.channels // g.groups, g.kh, g.kw))
+    dy = r.standard_normal((g.batch, g.filters, g.out_h, g.out_w))
+    return x, w.astype(dtype), dy.astype(dtype)
+
+
+def conv_args(g: Geom):
+    return dict(
+        stride=(g.stride_h, g.stride_w),
+        padding=(g.pad_h, g.pad_w),
+        groups=g.groups,
+    )
+
+
+def reference(op: str, g: Geom, x, w, dy) -> np.ndarray:
+    """float64 references of cc2ops.conv."""
+    x, w, dy = (np.asarray(t, np.float64) for t in (x, w, dy))
+    kw = conv_args(g)
+    if op == "filter_acts":
+        return conv_forward_reference(x, w, **kw)
+    if op == "image_acts":
+        return conv_backward_data_reference(dy, w, (g.height, g.width), **kw)
+    return conv_backward_filter_reference(x, dy, (g.kh, g.kw), **kw)
+
+
+def operands(op: str, x, w, dy):
+    """(A's tensor, B's tensor) of a pass."""
+    return {"filter_acts": (w, x), "image_acts": (w, dy), "weight_acts": (dy, x)}[op]
+
+
+def rel_err(got, want) -> float:
+    want = np.asarray(want, np.float64)
+    diff = np.linalg.norm(np.asarray(got, np.float64) - want)
+    return float(diff / max(np.linalg.norm(want), 1e-30))
+
+
+#: Shapes of the sweeps: odd batches and channels, groups, rectangular images
+#: and filters, strides and paddings (b, c, hw, f, khw, stride, pad, groups).
+SHAPES = {
+    "b1 c1 3x3": (1, 1, 6, 4, 3, 1, 1, 1),
+    "b3 c3 5x5 p2": (3, 3, 9, 5, 5, 1, 2, 1),
+    "b2 c5 s2 p1": (2, 5, 9, 7, 3, 2, 1, 1),
+    "b2 c6 groups2": (2, 6, 7, 4, 3, 1, 1, 2),
+    "b2 c3 7x5 img 3x2 filt": (2, 3, (7, 5), 5, (3, 2), 1, 0, 1),
+    "b3 c4 rect stride/pad": (3, 4, (8, 6), 6, (3, 2), (2, 1), (1, 0), 2),
+    "b2 c3 11x11 s4 p2": (2, 3, 23, 4, 11, 4, 2, 1),
+    "b1 c64 1x1": (1, 64, 5, 3, 1, 1, 0, 1),
+    "b2 c2 s3 no pad": (2, 2, 10, 3, 4, 3, 0, 1),
+}
+
+
+# --------------------------------------------------------------------------
+# CPU: the index maps
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("label", list(SHAPES))
+def test_emulated_index_maps_match_the_references(op, label):
+    g = geom(*SHAPES[label])
+    x, w, dy = tensors(g, dtype=np.float64)
+    want = reference(op, g, x, w, dy)
+    for config in (ci.TILES[0], ci.TILES[4]):
+        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        assert got.shape == want.shape, (label, op)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=label)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_emulated_split_k_slices_sum_to_weight_acts(splits):
+    g = geom(3, 4, 9, 6, 3, 1, 1, 2)
+    x, w, dy = tensors(g, dtype=np.float64)
+    want = reference("weight_acts", g, x, w, dy)
+    config = ci.TileConfig(32, 128, 8, 1, 4)  # bk 8: enough k tiles to slice
+    got = ci.emulate("weight_acts", g, dy, x, config=config, splits=splits)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_emulated_batch_129_alexnet_conv3_slice():
+    g = geom(129, 6, 13, 5, 3, 1, 1)
+    x, w, dy = tensors(g, dtype=np.float64)
+    for op in ci.OPS:
+        got = ci.emulate(op, g, *operands(op, x, w, dy))
+        np.testing.assert_allclose(
+            got, reference(op, g, x, w, dy), rtol=1e-11, atol=1e-10
+        )
+
+
+def test_fastdiv_matches_floor_division():
+    r = np.random.default_rng(1)
+    divisors = [1, 2, 3, 5, 7, 13, 27 * 27, 55 * 55, 169, 224 * 224, 2**20 + 7]
+    divisors += [2**31 - 1, 2**30, 2**30 + 1] + list(r.integers(1, 2**31, 20))
+    n = np.concatenate(
+        [np.arange(5000), r.integers(0, 2**31, 20000), [2**31 - 1, 2**31 - 2]]
+    )
+    for d in divisors:
+        magic, shift = ci.fastdiv_magic(int(d))
+        assert 0 < magic < 2**32 and 0 <= shift <= 31
+        got = ci.fastdiv(n, magic, shift)
+        np.testing.assert_array_equal(got, n // int(d), err_msg=f"d={d}")
+    with pytest.raises(ValueError, match="divisor must be in"):
+        ci.fastdiv_magic(0)
+
+
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("op", ci.OPS)
+def test_load_maps_cover_each_tile_once(config, op):
+    assert config.valid() and config.can_vec()
+    maps = [("A", config.bm, 1), ("B", config.bn, 1), ("A", config.bm, 4)]
+    for operand, rows, vec in maps:
+        r, k = ci.load_map(config, op, operand, vec)
+        assert r.min() >= 0 and r.max() < rows and k.min() >= 0 and k.max() < config.bk
+        flat = np.sort((r * config.bk + k).ravel())
+        np.testing.assert_array_equal(flat, np.arange(rows * config.bk))
+        if vec == 4:  # each vector: 4 consecutive k of one row, 16-byte aligned
+            rv, kv = r.reshape(len(r), -1, 4), k.reshape(len(k), -1, 4)
+            assert (rv == rv[..., :1]).all()
+            assert (kv == kv[..., :1] + np.arange(4)).all()
+            assert (kv[..., 0] % 4 == 0).all()
+            assert ((rv[..., 0] * (config.bk + 8) + kv[..., 0]) % 4 == 0).all()
+    with pytest.raises(ValueError, match="only A"):
+        ci.load_map(config, op, "B", 4)
+
+
+def _vectors_exact(op: str, g: Geom) -> bool:
+    """Whether every k-aligned group of 4 elements of A (every group, padded
+    k range) is one aligned, contiguous, all-or-nothing 16-byte run."""
+    big_m, _, big_k = ci.gemm_shape(op, g)
+    m = np.arange(big_m)[:, None, None]
+    k = (np.arange(0, big_k + 8, 4)[:, None] + np.arange(4))[None]
+    for grp in range(g.groups):
+        off, ok = ci.a_offset(op, g, grp, m, k)
+        if not (ok == ok[..., :1]).all():
+            return False
+        o = np.where(ok, off, 0)
+        if not ((o == o[..., :1] + np.arange(4)) | ~ok).all():
+            return False
+        if not ((o[..., 0] % 4 == 0) | ~ok[..., 0]).all():
+            return False
+    return True
+
+
+VEC_SHAPES = dict(SHAPES)
+VEC_SHAPES.update(
+    {
+        "b2 c4 8x8 (Ho*Wo 64, K 36)": (2, 4, 8, 6, 3, 1, 1, 1),
+        "b3 c8 14x14 g2 (K 36)": (3, 8, 14, 4, 3, 1, 1, 2),
+        "b2 c12 6x6 1x1 (K 12)": (2, 12, 6, 5, 1, 1, 0, 1),
+    }
+)
+
+
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("label", list(VEC_SHAPES))
+def test_a_vector_width_is_exact_and_necessary(op, label):
+    g = geom(*VEC_SHAPES[label])
+    exact = _vectors_exact(op, g)
+    if op == "image_acts":  # contiguous along k only when C/groups == 1: unused
+        assert ci.a_vector_width(op, g) == 1
+    else:
+        assert ci.a_vector_width(op, g) == (4 if exact else 1), label
+        assert any(ci.a_vector_width(op, geom(*s)) == 4 for s in VEC_SHAPES.values())
+
+
+def test_plan_uses_16_byte_copies_where_exact():
+    conv3 = geom(8, 192, 13, 384, 3, 1, 1)  # K = 1728; Ho*Wo = 169
+    res = geom(8, 64, 14, 64, 3, 1, 1)  # Ho*Wo = 196
+    t = ci.TILES[0]
+    assert ci.plan("filter_acts", conv3, "tf32", t).consts["AVEC"] == 4
+    assert ci.plan("weight_acts", conv3, "tf32", t).consts["AVEC"] == 1
+    assert ci.plan("weight_acts", res, "fp32", t).consts["AVEC"] == 4
+    assert ci.plan("image_acts", res, "tf32", t).consts["AVEC"] == 1
+    p = ci.plan("filter_acts", conv3, "tf32", t, aligned=False)
+    assert p.consts["AVEC"] == 1 and "_av4" not in p.consts["name"]
+    old = ci.TileConfig(128, 128, 16, 2, 4, vec=False, stage_c=False)
+    p = ci.plan("filter_acts", conv3, "tf32", old)
+    assert (p.consts["AVEC"], p.consts["STAGE_C"]) == (1, 0)
+    assert p.consts["name"].endswith("_st3_tf32") and old.label.endswith("_a4_cdirect")
+    narrow = ci.TileConfig(64, 64, 16, 2, 4)  # warp tile 32 x 16: direct stores
+    assert not narrow.can_stage_c()
+    assert ci.plan("filter_acts", conv3, "tf32", narrow).consts["STAGE_C"] == 0
+
+
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("op", ["filter_acts", "weight_acts"])
+def test_fragments_with_permuted_k_reproduce_the_block_product(config, op):
+    r = np.random.default_rng(2)
+    a = r.standard_normal((config.bm, config.bk))
+    b = r.standard_normal((config.bk, config.bn))
+    got = ci.emulate_block(config, op, a, b)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+def test_staged_epilogue_stores_each_element_once(config):
+    c = np.random.default_rng(3).standard_normal((config.bm, config.bn))
+    np.testing.assert_array_equal(ci.emulate_epilogue(config, c), c)
+    assert 4 * config.stage_c_floats() <= config.shared_bytes("filter_acts")
+
+
+def _bank_conflicts(addresses: np.ndarray, width: int) -> int:
+    """Extra wavefronts of one warp-wide shared load of ``width`` floats each."""
+    per_phase = 32 // width  # threads served per 128-byte wavefront
+    worst = 0
+    for start in range(0, 32, per_phase):
+        words = addresses[start : start + per_phase]
+        banks = [(w + i) % 32 for w in words for i in range(width)]
+        worst = max(worst, max(np.bincount(banks, minlength=32)) - 1)
+    return worst
+
+
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("op", ["filter_acts", "weight_acts"])
+def test_fragment_loads_are_free_of_bank_conflicts(config, op):
+    for warp in range(config.threads // 32):
+        frags = [ci.fragment_map(config, op, (lane, warp)) for lane in range(32)]
+        a = np.stack([f["a"] for f in frags])  # (lane, mt, kk, 4)
+        b = np.stack([f["b"] for f in frags])  # (lane, nt, kk, 2)
+        for mt in range(a.shape[1]):
+            for kk in range(a.shape[2]):
+                for q in (0, 1):  # float2 loads of registers (q, q + 2)
+                    assert (a[:, mt, kk, q + 2] == a[:, mt, kk, q] + 1).all()
+                    assert a[:, mt, kk, q].min() % 2 == 0  # 8-byte aligned
+                    assert _bank_conflicts(a[:, mt, kk, q], 2) == 0
+        for nt in range(b.shape[1]):
+            for kk in range(b.shape[2]):
+                if op == "weight_acts":
+                    assert (b[:, nt, kk, 1] == b[:, nt, kk, 0] + 1).all()
+                    assert _bank_conflicts(b[:, nt, kk, 0], 2) == 0
+                else:
+                    for q in (0, 1):
+                        assert _bank_conflicts(b[:, nt, kk, q], 1) == 0
+
+
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+def test_staged_epilogue_is_free_of_bank_conflicts(config):
+    for warp in range(config.threads // 32):
+        maps = [ci.epilogue_map(config, (lane, warp)) for lane in range(32)]
+        write = np.stack([m["write"] for m in maps])  # (lane, mt, h, nt)
+        read = np.stack([m["read"] for m in maps])  # (lane, r, c)
+        assert (write % 2 == 0).all()  # float2-aligned
+        for mt, h, nt in np.ndindex(*write.shape[1:]):
+            assert _bank_conflicts(write[:, mt, h, nt], 2) == 0
+        for r, c in np.ndindex(*read.shape[1:]):
+            assert _bank_conflicts(read[:, r, c], 1) == 0
+
+
+# --------------------------------------------------------------------------
+# CPU: a model of the tensor cores' accumulation (why 3xTF32 promotes)
+# --------------------------------------------------------------------------
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """cvt.rna.tf32.f32: round to 10 fraction bits, ties away from zero."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x1000) & ~np.uint64(0x1FFF)
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _mma_model(c: np.ndarray, a: np.ndarray, b: np.ndarray, extra: int) -> np.ndarray:
+    """One m16n8k8 dot row, c + sum_j a_j b_j, as the tensor cores are modelled
+    (Fasi et al. 2021, and the FP8 finding of DeepSeek-V3): exact products, every
+    addend aligned to the largest one and truncated to 24 + ``extra`` bits,
+    an exact sum, the result truncated to fp32."""
+    terms = np.concatenate(
+        [np.float64(a) * np.float64(b), np.float64(c)[:, None]], axis=1
+    )
+    mx = np.abs(terms).max(axis=1)
+    e = np.floor(np.log2(np.where(mx > 0, mx, 1.0)))
+    q = np.exp2(e - 23 - extra)[:, None]
+    s = (np.trunc(terms / q) * q).sum(axis=1)
+    f = s.astype(np.float32)
+    over = np.abs(np.float64(f)) > np.abs(s)  # rounded away from zero: step back
+    return np.where(over, np.nextafter(f, np.float32(0)), f)
+
+
+def _dot_3xtf32(a: np.ndarray, b: np.ndarray, promote: bool, extra: int) -> np.ndarray:
+    """Row-wise dot products through the kernel's 3xTF32 k8 steps."""
+    ab, bb = _tf32(a), _tf32(b)
+    asm, bsm = _tf32(a - ab), _tf32(b - bb)
+    acc = np.zeros(len(a), np.float32)
+    for k in range(0, a.shape[1], 8):
+        s = slice(k, k + 8)
+        if promote:  # the kernel: a zeroed fragment, small terms first, FADD
+            t = _mma_model(np.zeros_like(acc), asm[:, s], bb[:, s], extra)
+            t = _mma_model(t, ab[:, s], bsm[:, s], extra)
+            t = _mma_model(t, ab[:, s], bb[:, s], extra)
+            acc = acc + t
+        else:  # conv-b's first version: all three into the accumulator
+            acc = _mma_model(acc, asm[:, s], bb[:, s], extra)
+            acc = _mma_model(acc, ab[:, s], bsm[:, s], extra)
+            acc = _mma_model(acc, ab[:, s], bb[:, s], extra)
+    return acc
+
+
+def test_truncating_accumulation_model_and_per_step_promotion():
+    # The H200 measured 1.1e-5 .. 3.4e-5 for K = 1600 .. 4800 with the
+    # direct accumulation; this model gives the same growth with K, and the
+    # per-k8-step promotion bounds it far below the 1e-5 fp32 tolerance.
+    r = np.random.default_rng(4)
+    errs = {}
+    for big_k in (384, 4800):
+        a = r.standard_normal((400, big_k)).astype(np.float32)
+        b = r.standard_normal((400, big_k)).astype(np.float32)
+        want = (np.float64(a) * np.float64(b)).sum(axis=1)
+        for promote in (False, True):
+            got = _dot_3xtf32(a, b, promote, extra=3)
+            errs[big_k, promote] = rel_err(got, want)
+    assert errs[4800, False] > 1.5e-5  # the failure seen on the H200
+    assert errs[4800, False] > 5 * errs[384, False]  # grows ~linearly with K
+    assert errs[4800, True] < 1e-6 and errs[384, True] < 5e-7
+    assert errs[4800, True] < 2 * errs[384, True] * math.sqrt(4800 / 384)
+
+
+# --------------------------------------------------------------------------
+# CPU: plans, names, supports
+# --------------------------------------------------------------------------
+
+
+def test_plan_grid_and_split_k():
+    g = geom(128, 192, 13, 384, 3, 1, 1)  # AlexNet conv3
+    p = ci.plan("filter_acts", g, "tf32", ci.TILES[0])
+    assert (p.m, p.n, p.k) == (384, 128 * 169, 192 * 9)
+    assert p.grid == (-(-128 * 169 // 128), 3, 1) and p.splits == 1
+    assert p.block == 256 and p.shared_bytes == 62208
+    assert (
+        p.consts["name"]
+        == "conv_igemm_fwd_k3x3_s1x1_p1x1_bm128_bn128_bk16_w2x4_st3_av4_cst_tf32"
+    )
+    w = ci.plan("weight_acts", g, "fp32", ci.TILES[0], num_sms=132)
+    assert (w.m, w.n, w.k) == (384, 192 * 9, 128 * 169)
+    assert w.splits > 1 and w.grid[2] == w.splits
+    assert w.k_chunk % 16 == 0
+    assert (w.splits - 1) * w.k_chunk < w.k <= w.splits * w.k_chunk
+    assert w.grid[0] * w.grid[1] * w.splits >= 2 * 132
+    assert w.consts["name"].endswith("_3xtf32") and "wgrad" in w.consts["name"]
+    d = ci.plan("image_acts", g, "tf32")
+    assert (d.m, d.n, d.k) == (192, 128 * 169, 384 * 9) and d.divisors == (169, 13)
+
+
+def test_plan_forced_split_k():
+    wg = geom(4, 8, 9, 16, 3, 1, 1)  # K = 324: the heuristic does not split
+    assert ci.plan("weight_acts", wg, "tf32", ci.TILES[3]).splits == 1
+    p = ci.plan("weight_acts", wg, "tf32", ci.TILES[3], splits=3)
+    assert p.splits == 3 and p.grid[2] == 3 and p.k_chunk % 32 == 0
+    assert (p.splits - 1) * p.k_chunk < p.k <= p.splits * p.k_chunk
+    many = ci.plan("weight_acts", wg, "tf32", ci.TILES[3], splits=50)
+    assert many.splits == -(-324 // 32) and many.k_chunk == 32  # no empty slice
+    assert ci.plan("filter_acts", wg, "tf32", splits=1).splits == 1
+    with pytest.raises(ValueError, match="only weight_acts splits K"):
+        ci.plan("filter_acts", wg, "tf32", splits=2)
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        ci.plan("weight_acts", wg, "tf32", splits=0)
+    with pytest.raises(TypeError, match="splits must be an int"):
+        ci.plan("weight_acts", wg, "tf32", splits=True)
+    huge = geom(1, 2**14, 1, 2**13, 1)  # dw has 2^27 elements
+    with pytest.raises(ValueError, match="workspace"):
+        ci.plan("weight_acts", huge, "tf32", splits=16)
+
+
+def test_plan_groups_use_grid_z():
+    g = geom(4, 6, 7, 4, 3, 1, 1, groups=2)
+    p = ci.plan("filter_acts", g, "fp32")
+    assert p.grid[2] == 2 and (p.m, p.k) == (2, 27)
+    assert p.config == ci.TILES[4]  # small M gets the bm=32 tile
+
+
+def test_supports():
+    g = geom(8, 64, 27, 192, 5, 1, 2)
+    for op in ci.OPS:
+        assert ci.supports(op, g, np.float32, "tf32")
+        assert ci.supports(op, g, "float32", "fp32")
+        assert not ci.supports(op, g, np.float64, "fp32")
+        assert not ci.supports(op, g, np.float32, "fp16")
+    assert not ci.supports("conv3d", g, np.float32, "tf32")
+    huge = geom(2**16, 256, 128, 8, 3, 1, 1)  # x has 2^34 elements
+    assert not ci.supports("filter_acts", huge, np.float32, "tf32")
+    bad = Geom(8, 6, 9, 9, 4, 3, 3, 1, 1, 1, 1, 4, 9, 9)  # groups do not divide C
+    assert not ci.supports("filter_acts", bad, np.float32, "tf32")
+    wrong_out = Geom(8, 6, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 8, 9)
+    assert not ci.supports("filter_acts", wrong_out, np.float32, "tf32")
+
+
+def test_variants_are_valid_tiles():
+    g = geom(8, 3, 224, 64, 11, 4, 2)
+    for op in ci.OPS:
+        vs = ci.variants(op, g, "tf32")
+        assert vs and all(v in ci.TILES and v.valid() for v in vs)
+    assert ci.TileConfig(128, 128, 16, 2, 4) in ci.variants("filter_acts", g, "tf32")
+    # image_acts of conv1 has M = 3: no 128-row tiles
+    assert all(v.bm <= 32 for v in ci.variants("image_acts", g, "tf32"))
+    assert ci.variants("filter_acts", g, "fp16") == []
+
+
+def test_kernel_names_carry_the_specialisation():
+    from cc2ops.cuda.compile import all_variants, kernel_name
+    from cc2ops.cuda.mode import load_gpu_op_modules
+
+    load_gpu_op_modules()
+    names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
+    assert 4 <= len(names) <= 8 and len(set(names)) == len(names)
+    for f, c in all_variants():
+        if f == "conv_igemm":
+            assert kernel_name(f, **c) == c["name"]
+    assert "conv_igemm_fwd_k11x11_s4x4_p2x2_bm64_bn64_bk32_w2x2_st3_cst_tf32" in names
+    # the registered variants cover both sides of every template switch
+    consts = [c for f, c in all_variants() if f == "conv_igemm"]
+    for key, values in (("AVEC", {1, 4}), ("STAGE_C", {0, 1}), ("SPLIT", {1, 3})):
+        assert {c[key] for c in consts} == values, key
+    assert {c["op"] for c in consts if c["AVEC"] == 4} == {"fwd", "wgrad"}
+
+
+# --------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------
+
+RUN = {"filter_acts": ci.filter_acts, "image_acts": ci.image_acts}
+RUN["weight_acts"] = ci.weight_acts
+TOL = {"tf32": 5e-3, "fp32": 1e-5}
+
+
+@pytest.fixture
+def debug(monkeypatch):
+    monkeypatch.setenv("CC2OPS_DEBUG", "1")  # new GPU outputs are NaN-filled
+
+
+def _to_gpu_misaligned(a):
+    """A C-contiguous GPU copy of ``a`` whose first element is 4 bytes past a
+    16-byte boundary (a view into a larger allocation)."""
+    from cc2ops.cuda import array as garray
+
+    flat = np.zeros(a.size + 1, np.float32)
+    flat[1:] = a.ravel()
+    view = garray.to_gpu(flat, 0)[1:].reshape(a.shape)
+    assert garray.ptr(view) % 16 == 4
+    return view
+
+
+def run_gpu(op, g, precision, config=None, seed=0, splits=None, misaligned=False):
+    from cc2ops.cuda import array as garray
+
+    x, w, dy = tensors(g, seed)
+    args = {
+        "filter_acts": (x, w),
+        "image_acts": (dy, w),
+        "weight_acts": (x, dy),
+    }[op]
+    out_shape = reference(op, g, x, w, dy).shape
+    out = garray.empty(out_shape, np.float32, 0)
+    assert np.isnan(garray.to_host(out)).all()  # poisoned
+    kw = {"config": config} if splits is None else {"config": config, "splits": splits}
+    up = _to_gpu_misaligned if misaligned else (lambda t: garray.to_gpu(t, 0))
+    RUN[op](*(up(a) for a in args), out, g, precision, 0, **kw)
+    got = garray.to_host(out)
+    return got, reference(op, g, x, w, dy)
+
+
+def check(op, g, precision, config=None, label="", splits=None, misaligned=False):
+    got, want = run_gpu(op, g, precision, config, splits=splits, misaligned=misaligned)
+    assert got.shape == want.shape and got.dtype == np.float32, label
+    assert np.isfinite(got).all(), f"{label} {op} {precision}: unwritten outputs"
+    err = rel_err(got, want)
+    assert err < TOL[precision], f"{label} {op} {precision} {config}: rel err {err}"
+    return err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("label", list(SHAPES))
+def test_gpu_odd_shapes(op, label, precision, debug):
+    check(op, geom(*SHAPES[label]), precision, label=label)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+def test_gpu_every_tile(op, config, precision, debug):
+    # batch 129, 70 filters: partial tiles along every GEMM axis; K = 36 and
+    # Ho*Wo = 108, so filter_acts and weight_acts take the 16-byte copies
+    g = geom(129, 4, (12, 9), 70, 3, 1, 1)
+    assert ci.plan(op, g, precision, config).consts["AVEC"] == (
+        1 if op == "image_acts" else 4
+    )
+    check(op, g, precision, config, label="b129 c4 f70")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ci.OPS)
+def test_gpu_channels_64_groups_2(op, debug):
+    g = geom(3, 64, 9, 32, 3, 2, 1, groups=2)
+    for precision in ci.PRECISIONS:
+        check(op, g, precision, label="c64 g2 s2")
+
+
+ALEXNET = {
+    "conv1": (8, 3, 224, 64, 11, 4, 2),
+    "conv2": (8, 64, 27, 192, 5, 1, 2),
+    "conv3": (8, 192, 13, 384, 3, 1, 1),
+    "conv4": (8, 384, 13, 256, 3, 1, 1),
+    "conv5": (8, 256, 13, 256, 3, 1, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("layer", list(ALEXNET))
+def test_gpu_alexnet_layers(layer, op, precision, debug):
+    g = geom(*ALEXNET[layer])
+    err = check(op, g, precision, label=layer)
+    if precision == "tf32" and op == "filter_acts" and layer != "conv1":
+        assert err > 1e-6, f"{layer}: tf32 error {err} looks like fp32 (TF32 unused?)"
+
+
+@pytest.mark.gpu
+def test_gpu_weight_acts_split_k_is_deterministic(debug):
+    g = geom(16, 32, 13, 48, 3, 1, 1)
+    assert ci.plan("weight_acts", g, "fp32", splits=5).splits == 5  # forced
+    first, want = run_gpu("weight_acts", g, "fp32", splits=5)
+    again, _ = run_gpu("weight_acts", g, "fp32", splits=5)
+    np.testing.assert_array_equal(first, again)
+    assert rel_err(first, want) < 1e-5
+    single, _ = run_gpu("weight_acts", g, "fp32", splits=1)
+    assert rel_err(single, want) < 1e-5
+
+
+#: The kernel paths behind TileConfig's switches (vec, stage_c): the original
+#: (both off) and each one alone; the default (both on) runs everywhere else.
+PATHS = [(False, False), (True, False), (False, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ci.OPS)
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: f"vec{p[0]:d}_stage{p[1]:d}")
+def test_gpu_kernel_paths(op, path, precision, debug):
+    # K = 8*9 (16-byte w copies) and Ho*Wo = 12*8 (16-byte dy copies);
+    # batch 33, 70 filters: partial tiles along every GEMM axis; warp tile
+    # 32 x 64: two 32-column blocks per staged row
+    g = geom(33, 8, (12, 8), 70, 3, 1, 1)
+    assert ci.a_vector_width(op, g) == (1 if op == "image_acts" else 4)
+    config = dataclasses.replace(ci.TILES[2], vec=path[0], stage_c=path[1])
+    check(op, g, precision, config, label=f"path {path}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ci.OPS)
+def test_gpu_misaligned_operands_use_4_byte_copies(op, debug):
+    g = geom(5, 8, 8, 12, 3, 1, 1)  # vectors would apply to aligned operands
+    for precision in ci.PRECISIONS:
+        check(op, g, precision, label="misaligned", misaligned=True)
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_wrong_shapes(debug):
+    from cc2ops.cuda import array as garray
+
+    g = geom(2, 3, 5, 4, 3, 1, 1)
+    x, w, _ = tensors(g)
+    out = garray.empty((2, 4, 5, 4), np.float32, 0)
+    with pytest.raises(ValueError, match="out must be float32 of shape"):
+        ci.filter_acts(garray.to_gpu(x, 0), garray.to_gpu(w, 0), out, g, "tf32", 0)
+    with pytest.raises(ValueError, match="expected shape"):
+        ci.filter_acts(garray.to_gpu(w, 0), garray.to_gpu(x, 0), out, g, "tf32", 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 5, 7, 6, 3, 1, 1, 1), (2, 4, (7, 5), 6, (3, 2), 2, 1, 2)],
+    ids=["b3 c5 3x3", "rect s2 g2"],
+)
+def test_conv_igemm_sanitize(shape, debug):
+    g = geom(*shape)
+    for op in ci.OPS:
+        for precision in ci.PRECISIONS:
+            check(op, g, precision, label="sanitize")
+    if shape[-1] == 1:  # the original kernel paths (4-byte copies, direct stores)
+        old = ci.TileConfig(64, 64, 32, 2, 2, vec=False, stage_c=False)
+        for op in ci.OPS:
+            check(op, g, "fp32", old, label="sanitize original paths")
+    # split-K with its reduction kernel, forced (the heuristic would not split
+    # these): Ho*Wo = 81 (4-byte dy copies) and 64 (16-byte)
+    for hw in (9, 8):
+        wg = geom(4, 8, hw, 16, 3, 1, 1)
+        assert ci.plan("weight_acts", wg, "tf32", ci.TILES[3], splits=3).splits == 3
+        for precision in ci.PRECISIONS:
+            check("weight_acts", wg, precision, ci.TILES[3], "sanitize split-k", 3)
+
+
+def test_shapes_table_is_consistent():
+    for label, shape in SHAPES.items():
+        g = geom(*shape)
+        assert g.out_h >= 1 and g.out_w >= 1, label
+        assert math.prod((g.batch, g.filters, g.out_h, g.out_w)) > 0
+
+
+def test_accepts_the_conv_ops_geometry_record():
+    from cc2ops.cuda.conv import ConvGeometry
+
+    g = ConvGeometry(**vars(geom(3, 6, (7, 5), 4, (3, 2), 1, 1, 2)))
+    assert ci.supports("filter_acts", g, np.float32, "fp32")
+    x, w, dy = tensors(g, dtype=np.float64)
+    for op in ci.OPS:
+        got = ci.emulate(op, g, *operands(op, x, w, dy))
+        np.testing.assert_allclose(got, reference(op, g, x, w, dy), rtol=1e-12)
