@@ -29,7 +29,7 @@ import pytensor.tensor as pt
 from pytensor.compile import sharedvalue as _sharedvalue
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import AtomicVariable, Constant, Variable
-from pytensor.graph.type import Type
+from pytensor.graph.type import HasShape, Type
 from pytensor.graph.utils import add_tag_trace
 from pytensor.link.basic import Container
 from pytensor.tensor.basic import _as_tensor_variable, register_transfer
@@ -113,7 +113,7 @@ def _extent(garray: Any) -> tuple[int, int] | None:
     return lo, hi + np.dtype(garray.dtype).itemsize
 
 
-class CudaArrayType(Type):
+class CudaArrayType(HasShape, Type):
     """Arrays on a CUDA device: dtype, static shape and device label.
 
     Parameters
