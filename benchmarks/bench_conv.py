@@ -168,19 +168,45 @@ def run_layer(
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """Run the benchmark; returns the result file's path."""
+    """Run the benchmark; returns the result file's path.
+
+    A layer whose correctness check or run fails is reported (``failures`` in
+    the result file) and the others still run, so one run always leaves a
+    result file.
+    """
     parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--layers",
+        default=",".join(layer[0] for layer in LAYERS),
+        help="comma-separated subset of conv1..conv5",
+    )
+    parser.add_argument(
+        "--precisions", default=",".join(PRECISIONS), help="fp32, tf32 or both"
+    )
     args = parser.parse_args(argv)
     import cc2ops.cuda as cuda
 
     cuda.require()
+    wanted = set(args.layers.split(","))
+    unknown = wanted - {layer[0] for layer in LAYERS}
+    if unknown:
+        parser.error(f"--layers: unknown layers {sorted(unknown)}")
+    precisions = [p for p in PRECISIONS if p in args.precisions.split(",")]
     batches = (128,) if args.quick else BATCHES
     iters = min(args.iters, 10) if args.quick else args.iters
     rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     for batch in batches:
-        for precision in PRECISIONS:
+        for precision in precisions:
             for layer in LAYERS:
-                rows.extend(run_layer(layer, batch, precision, args.warmup, iters))
+                if layer[0] not in wanted:
+                    continue
+                try:
+                    rows.extend(run_layer(layer, batch, precision, args.warmup, iters))
+                except Exception as e:  # report it, keep measuring the others
+                    msg = f"{layer[0]} b{batch} {precision}: {type(e).__name__}: {e}"
+                    print(f"bench_conv: FAILED {msg}", flush=True)
+                    failures.append(msg)
     return write_results(
         "conv",
         rows,
@@ -192,6 +218,7 @@ def main(argv: list[str] | None = None) -> Path:
                 "on cc2ops's stream (no graph overhead); peer: torch events; median"
             ),
             "cudnn_benchmark": True,
+            "failures": failures,
         },
     )
 

@@ -101,151 +101,163 @@ def main(argv: list[str] | None = None) -> Path:
 
     rng = np.random.default_rng(0)
     rows: list[dict] = []
+    failures: list[str] = []
     images = [(64, 54)] if args.quick else [(64, 54), (192, 27)]
     p = dict(size=5, alpha=1e-4, beta=0.75, k=2.0)
     lrn = torch.nn.LocalResponseNorm(5, alpha=1e-4, beta=0.75, k=2.0)
 
     for c, hw in images:
-        x = rng.standard_normal((BATCH, c, hw, hw)).astype(np.float32)
-        gx_dev = array.to_gpu(x, 0)
-        tx = torch.from_numpy(x).cuda()
-        tag = f"{c}x{hw}^2"
+        try:
+            x = rng.standard_normal((BATCH, c, hw, hw)).astype(np.float32)
+            gx_dev = array.to_gpu(x, 0)
+            tx = torch.from_numpy(x).cuda()
+            tag = f"{c}x{hw}^2"
 
-        # ---------------- max pool 3/2 ----------------
-        y = gpool.max_pool_forward(gx_dev, 3, 2)
-        ty = F.max_pool2d(tx, 3, 2, ceil_mode=True)
-        yh = array.to_host(y)
-        if yh.shape != tuple(ty.shape) or not np.array_equal(yh, ty.cpu().numpy()):
-            raise SystemExit(f"max pool {tag}: outputs differ from torch ceil_mode")
-        print(f"ok max pool {tag}: identical to torch ceil_mode=True {yh.shape}")
-        gy = rng.standard_normal(yh.shape).astype(np.float32)
-        ggy, tgy = array.to_gpu(gy, 0), torch.from_numpy(gy).cuda()
-        txr = tx.clone().requires_grad_(True)
-        F.max_pool2d(txr, 3, 2, ceil_mode=True).backward(tgy)
-        got = array.to_host(gpool.max_pool_grad(gx_dev, y, ggy, 3, 2))
-        _check(f"max pool grad {tag}", got, txr.grad.cpu().numpy(), 1e-6)
+            # ---------------- max pool 3/2 ----------------
+            y = gpool.max_pool_forward(gx_dev, 3, 2)
+            ty = F.max_pool2d(tx, 3, 2, ceil_mode=True)
+            yh = array.to_host(y)
+            if yh.shape != tuple(ty.shape) or not np.array_equal(yh, ty.cpu().numpy()):
+                raise SystemExit(f"max pool {tag}: outputs differ from torch ceil_mode")
+            print(f"ok max pool {tag}: identical to torch ceil_mode=True {yh.shape}")
+            gy = rng.standard_normal(yh.shape).astype(np.float32)
+            ggy, tgy = array.to_gpu(gy, 0), torch.from_numpy(gy).cuda()
+            txr = tx.clone().requires_grad_(True)
+            F.max_pool2d(txr, 3, 2, ceil_mode=True).backward(tgy)
+            got = array.to_host(gpool.max_pool_grad(gx_dev, y, ggy, 3, 2))
+            _check(f"max pool grad {tag}", got, txr.grad.cpu().numpy(), 1e-6)
 
-        def cc_max_fb(x=gx_dev, g=ggy):
-            out = gpool.max_pool_forward(x, 3, 2)
-            gpool.max_pool_grad(x, out, g, 3, 2)
+            def cc_max_fb(x=gx_dev, g=ggy):
+                out = gpool.max_pool_forward(x, 3, 2)
+                gpool.max_pool_grad(x, out, g, 3, 2)
 
-        def th_max_fb(x=txr, g=tgy):
-            x.grad = None
-            F.max_pool2d(x, 3, 2, ceil_mode=True).backward(g)
+            def th_max_fb(x=txr, g=tgy):
+                x.grad = None
+                F.max_pool2d(x, 3, 2, ceil_mode=True).backward(g)
 
-        fwd_b = _bytes(x, yh)
-        bwd_b = _bytes(x, yh, gy, x)
-        rows.append(_row(
-            f"max_pool 3/2 {tag}", "fwd",
-            cc(lambda x=gx_dev: gpool.max_pool_forward(x, 3, 2)),
-            th(lambda x=tx: F.max_pool2d(x, 3, 2, ceil_mode=True)), fwd_b,
-        ))  # fmt: skip
-        rows.append(_row(
-            f"max_pool 3/2 {tag}", "fwd+bwd", cc(cc_max_fb), th(th_max_fb),
-            fwd_b + bwd_b,
-        ))  # fmt: skip
+            fwd_b = _bytes(x, yh)
+            bwd_b = _bytes(x, yh, gy, x)
+            rows.append(_row(
+                f"max_pool 3/2 {tag}", "fwd",
+                cc(lambda x=gx_dev: gpool.max_pool_forward(x, 3, 2)),
+                th(lambda x=tx: F.max_pool2d(x, 3, 2, ceil_mode=True)), fwd_b,
+            ))  # fmt: skip
+            rows.append(_row(
+                f"max_pool 3/2 {tag}", "fwd+bwd", cc(cc_max_fb), th(th_max_fb),
+                fwd_b + bwd_b,
+            ))  # fmt: skip
 
-        # ---------------- avg pool 3/2 ----------------
-        a = array.to_host(gpool.avg_pool_forward(gx_dev, 3, 2))
-        ta = F.avg_pool2d(tx, 3, 2, ceil_mode=True)
-        _check(f"avg pool {tag}", a, ta.cpu().numpy(), 1e-6)
-        txr.grad = None
-        F.avg_pool2d(txr, 3, 2, ceil_mode=True).backward(tgy)
-        got = array.to_host(gpool.avg_pool_grad(ggy, (hw, hw), 3, 2))
-        _check(f"avg pool grad {tag}", got, txr.grad.cpu().numpy(), 1e-6)
+            # ---------------- avg pool 3/2 ----------------
+            a = array.to_host(gpool.avg_pool_forward(gx_dev, 3, 2))
+            ta = F.avg_pool2d(tx, 3, 2, ceil_mode=True)
+            _check(f"avg pool {tag}", a, ta.cpu().numpy(), 1e-6)
+            txr.grad = None
+            F.avg_pool2d(txr, 3, 2, ceil_mode=True).backward(tgy)
+            got = array.to_host(gpool.avg_pool_grad(ggy, (hw, hw), 3, 2))
+            _check(f"avg pool grad {tag}", got, txr.grad.cpu().numpy(), 1e-6)
 
-        def cc_avg_fb(x=gx_dev, g=ggy, hw=hw):
-            gpool.avg_pool_forward(x, 3, 2)
-            gpool.avg_pool_grad(g, (hw, hw), 3, 2)
+            def cc_avg_fb(x=gx_dev, g=ggy, hw=hw):
+                gpool.avg_pool_forward(x, 3, 2)
+                gpool.avg_pool_grad(g, (hw, hw), 3, 2)
 
-        def th_avg_fb(x=txr, g=tgy):
-            x.grad = None
-            F.avg_pool2d(x, 3, 2, ceil_mode=True).backward(g)
+            def th_avg_fb(x=txr, g=tgy):
+                x.grad = None
+                F.avg_pool2d(x, 3, 2, ceil_mode=True).backward(g)
 
-        rows.append(_row(
-            f"avg_pool 3/2 {tag}", "fwd",
-            cc(lambda x=gx_dev: gpool.avg_pool_forward(x, 3, 2)),
-            th(lambda x=tx: F.avg_pool2d(x, 3, 2, ceil_mode=True)), fwd_b,
-        ))  # fmt: skip
-        rows.append(_row(
-            f"avg_pool 3/2 {tag}", "fwd+bwd", cc(cc_avg_fb), th(th_avg_fb),
-            fwd_b + _bytes(gy, x),
-        ))  # fmt: skip
+            rows.append(_row(
+                f"avg_pool 3/2 {tag}", "fwd",
+                cc(lambda x=gx_dev: gpool.avg_pool_forward(x, 3, 2)),
+                th(lambda x=tx: F.avg_pool2d(x, 3, 2, ceil_mode=True)), fwd_b,
+            ))  # fmt: skip
+            rows.append(_row(
+                f"avg_pool 3/2 {tag}", "fwd+bwd", cc(cc_avg_fb), th(th_avg_fb),
+                fwd_b + _bytes(gy, x),
+            ))  # fmt: skip
 
-        # ---------------- cross-map norm 5 ----------------
-        # larger inputs make the window sums matter for the comparison
-        x3 = (30 * x).astype(np.float32)
-        g3 = array.to_gpu(x3, 0)
-        t3 = torch.from_numpy(x3).cuda()
-        yn = array.to_host(grn.cross_map_norm_forward(g3, **p))
-        _check(f"cross-map norm {tag}", yn, lrn(t3).cpu().numpy(), 1e-5)
-        gn = rng.standard_normal(x.shape).astype(np.float32)
-        ggn, tgn = array.to_gpu(gn, 0), torch.from_numpy(gn).cuda()
-        t3r = t3.clone().requires_grad_(True)
-        lrn(t3r).backward(tgn)
-        got = array.to_host(grn.cross_map_norm_grad(g3, ggn, **p))
-        _check(f"cross-map norm grad {tag}", got, t3r.grad.cpu().numpy(), 1e-4)
+            # ---------------- cross-map norm 5 ----------------
+            # larger inputs make the window sums matter for the comparison
+            x3 = (30 * x).astype(np.float32)
+            g3 = array.to_gpu(x3, 0)
+            t3 = torch.from_numpy(x3).cuda()
+            yn = array.to_host(grn.cross_map_norm_forward(g3, **p))
+            _check(f"cross-map norm {tag}", yn, lrn(t3).cpu().numpy(), 1e-5)
+            gn = rng.standard_normal(x.shape).astype(np.float32)
+            ggn, tgn = array.to_gpu(gn, 0), torch.from_numpy(gn).cuda()
+            t3r = t3.clone().requires_grad_(True)
+            lrn(t3r).backward(tgn)
+            got = array.to_host(grn.cross_map_norm_grad(g3, ggn, **p))
+            _check(f"cross-map norm grad {tag}", got, t3r.grad.cpu().numpy(), 1e-4)
 
-        def cc_lrn_fb(x=g3, g=ggn, p=p):
-            grn.cross_map_norm_forward(x, **p)
-            grn.cross_map_norm_grad(x, g, **p)
+            def cc_lrn_fb(x=g3, g=ggn, p=p):
+                grn.cross_map_norm_forward(x, **p)
+                grn.cross_map_norm_grad(x, g, **p)
 
-        def th_lrn_fb(x=t3r, g=tgn, lrn=lrn):
-            x.grad = None
-            lrn(x).backward(g)
+            def th_lrn_fb(x=t3r, g=tgn, lrn=lrn):
+                x.grad = None
+                lrn(x).backward(g)
 
-        rows.append(_row(
-            f"cross_map_norm 5 {tag}", "fwd",
-            cc(lambda x=g3, p=p: grn.cross_map_norm_forward(x, **p)),
-            th(lambda x=t3, lrn=lrn: lrn(x)), _bytes(x, x),
-        ))  # fmt: skip
-        rows.append(_row(
-            f"cross_map_norm 5 {tag}", "fwd+bwd", cc(cc_lrn_fb), th(th_lrn_fb),
-            _bytes(x, x) + _bytes(x, x, x),
-        ))  # fmt: skip
-        del gx_dev, g3, ggn, ggy
+            rows.append(_row(
+                f"cross_map_norm 5 {tag}", "fwd",
+                cc(lambda x=g3, p=p: grn.cross_map_norm_forward(x, **p)),
+                th(lambda x=t3, lrn=lrn: lrn(x)), _bytes(x, x),
+            ))  # fmt: skip
+            rows.append(_row(
+                f"cross_map_norm 5 {tag}", "fwd+bwd", cc(cc_lrn_fb), th(th_lrn_fb),
+                _bytes(x, x) + _bytes(x, x, x),
+            ))  # fmt: skip
+            del gx_dev, g3, ggn, ggy
+        except Exception as e:  # report it, keep measuring the others
+            msg = f"{c}x{hw}^2: {type(e).__name__}: {e}"
+            print(f"bench_layers: FAILED {msg}", flush=True)
+            failures.append(msg)
 
     # ---------------- softmax cross-entropy ----------------
     for k in [1000] if args.quick else [1000, 21841]:
-        logits = (3 * rng.standard_normal((BATCH, k))).astype(np.float32)
-        labels = rng.integers(0, k, BATCH).astype(np.int64)
-        gl, gyl = array.to_gpu(logits, 0), array.to_gpu(labels, 0)
-        tl, tyl = torch.from_numpy(logits).cuda(), torch.from_numpy(labels).cuda()
-        loss = array.to_host(gsl.softmax_cross_entropy_forward(gl, gyl))
-        tloss = F.cross_entropy(tl, tyl, reduction="none")
-        _check(f"softmax xent K={k}", loss, tloss.cpu().numpy(), 1e-5)
-        g = np.ones(BATCH, np.float32)
-        gg, tg = array.to_gpu(g, 0), torch.from_numpy(g).cuda()
-        tlr = tl.clone().requires_grad_(True)
-        F.cross_entropy(tlr, tyl, reduction="none").backward(tg)
-        got = array.to_host(gsl.softmax_cross_entropy_grad(gg, gl, gyl))
-        _check(f"softmax xent grad K={k}", got, tlr.grad.cpu().numpy(), 1e-5)
+        try:
+            logits = (3 * rng.standard_normal((BATCH, k))).astype(np.float32)
+            labels = rng.integers(0, k, BATCH).astype(np.int64)
+            gl, gyl = array.to_gpu(logits, 0), array.to_gpu(labels, 0)
+            tl, tyl = torch.from_numpy(logits).cuda(), torch.from_numpy(labels).cuda()
+            loss = array.to_host(gsl.softmax_cross_entropy_forward(gl, gyl))
+            tloss = F.cross_entropy(tl, tyl, reduction="none")
+            _check(f"softmax xent K={k}", loss, tloss.cpu().numpy(), 1e-5)
+            g = np.ones(BATCH, np.float32)
+            gg, tg = array.to_gpu(g, 0), torch.from_numpy(g).cuda()
+            tlr = tl.clone().requires_grad_(True)
+            F.cross_entropy(tlr, tyl, reduction="none").backward(tg)
+            got = array.to_host(gsl.softmax_cross_entropy_grad(gg, gl, gyl))
+            _check(f"softmax xent grad K={k}", got, tlr.grad.cpu().numpy(), 1e-5)
 
-        flag = gsl.new_label_flag(0)
+            flag = gsl.new_label_flag(0)
 
-        def cc_sm(x=gl, y=gyl, f=flag):
-            gsl.softmax_cross_entropy_forward(x, y, check=False, flag=f)
+            def cc_sm(x=gl, y=gyl, f=flag):
+                gsl.softmax_cross_entropy_forward(x, y, check=False, flag=f)
 
-        def cc_sm_fb(x=gl, y=gyl, g=gg, f=flag):
-            gsl.softmax_cross_entropy_forward(x, y, check=False, flag=f)
-            gsl.softmax_cross_entropy_grad(g, x, y, check=False, flag=f)
+            def cc_sm_fb(x=gl, y=gyl, g=gg, f=flag):
+                gsl.softmax_cross_entropy_forward(x, y, check=False, flag=f)
+                gsl.softmax_cross_entropy_grad(g, x, y, check=False, flag=f)
 
-        def th_sm_fb(x=tlr, y=tyl, g=tg):
-            x.grad = None
-            F.cross_entropy(x, y, reduction="none").backward(g)
+            def th_sm_fb(x=tlr, y=tyl, g=tg):
+                x.grad = None
+                F.cross_entropy(x, y, reduction="none").backward(g)
 
-        fwd_b = _bytes(logits, labels, loss)
-        rows.append(_row(
-            f"softmax_xent {BATCH}x{k}", "fwd", cc(cc_sm),
-            th(lambda x=tl, y=tyl: F.cross_entropy(x, y, reduction="none")), fwd_b,
-        ))  # fmt: skip
-        rows.append(_row(
-            f"softmax_xent {BATCH}x{k}", "fwd+bwd", cc(cc_sm_fb), th(th_sm_fb),
-            fwd_b + _bytes(logits, labels, g, logits),
-        ))  # fmt: skip
-        gsl.check_label_flag(flag, gyl, "bench softmax_xent", k, 0)
+            fwd_b = _bytes(logits, labels, loss)
+            rows.append(_row(
+                f"softmax_xent {BATCH}x{k}", "fwd", cc(cc_sm),
+                th(lambda x=tl, y=tyl: F.cross_entropy(x, y, reduction="none")), fwd_b,
+            ))  # fmt: skip
+            rows.append(_row(
+                f"softmax_xent {BATCH}x{k}", "fwd+bwd", cc(cc_sm_fb), th(th_sm_fb),
+                fwd_b + _bytes(logits, labels, g, logits),
+            ))  # fmt: skip
+            gsl.check_label_flag(flag, gyl, "bench softmax_xent", k, 0)
+        except Exception as e:  # report it, keep measuring the others
+            msg = f"softmax K={k}: {type(e).__name__}: {e}"
+            print(f"bench_layers: FAILED {msg}", flush=True)
+            failures.append(msg)
 
     extra = {
+        "failures": failures,
         "copy_ceiling_gbps": COPY_CEILING_GBPS,
         "notes": (
             "min_bytes = every input read once + every output written once; "
