@@ -1,7 +1,9 @@
 """Dropout with counter-based random masks (Philox4x32-10), reproducible from a seed.
 
 ``state = dropout_state(seed)`` is a shared uint32 vector ``(key0, key1,
-counter_lo, counter_hi)``; ``dropout(x, p, state)`` is ``x * mask / (1 - p)``.
+counter_lo, counter_hi)`` on the host; ``dropout_state(seed, device=d)`` is
+the same vector as a GPU shared variable (:func:`cc2ops.cuda.shared`) on
+device label ``d``. ``dropout(x, p, state)`` is ``x * mask / (1 - p)``.
 
 The bit rule (written once, here; ``kernels/dropout.cu`` implements the same)
 -------------------------------------------------------------------------------
@@ -15,8 +17,19 @@ element is ``x[i] * s`` with ``s = 1 / (1 - p)`` in ``x``'s dtype.
 Each call of a compiled function advances the counter by ``ceil(x.size /
 4)`` (the state's ``default_update``), so every step draws new masks and a
 run is reproducible from the seed. The gradient recomputes the same mask from
-the same state value (the state is read before its update), so the pullback
-of ``Dropout`` is ``Dropout`` itself applied to the cotangent.
+the same state value (a compiled function reads the state's value from before
+its update for the whole call and stores the update at the end), so the
+pullback of ``Dropout`` is ``Dropout`` itself applied to the cotangent.
+
+Where the state lives
+---------------------
+A host state drives the host op ``Dropout`` (lifted to ``GpuDropout`` in the
+GPU mode, which then reads the four words on the host and passes them as
+kernel arguments) and its advance is the host op ``DropoutAdvance``. A GPU
+state drives ``GpuDropout`` directly (the kernel reads the state from device
+memory) and its advance is ``GpuDropoutAdvance`` (a one-thread kernel), so a
+GPU training step has no host node and no host read for dropout; see
+:mod:`cc2ops.cuda.dropout`. The masks are the same bits either way.
 """
 
 from __future__ import annotations
@@ -249,7 +262,9 @@ class DropoutAdvance(Cc2Op):
         return [disconnected_type(), disconnected_type()]
 
 
-def dropout_state(seed: int, name: str | None = None) -> SharedVariable:
+def dropout_state(
+    seed: int, name: str | None = None, device: int | None = None
+) -> SharedVariable:
     """A fresh dropout state: a shared uint32 vector ``(key0, key1, 0, 0)``.
 
     Parameters
@@ -257,14 +272,28 @@ def dropout_state(seed: int, name: str | None = None) -> SharedVariable:
     seed : int
         ``0 <= seed < 2**64``; ``key0`` is its low and ``key1`` its high 32 bits.
     name : str, optional
+    device : int, optional
+        ``None`` (default): a host shared variable. A device label: a GPU
+        shared variable (:func:`cc2ops.cuda.shared`, static shape ``(4,)``)
+        on that device; creating it does not touch CUDA (the value is
+        uploaded when a function using it is linked in the GPU mode).
+
+    Returns
+    -------
+    SharedVariable
+        ``get_value()`` returns the four words as a numpy uint32 array in
+        both cases (downloaded from the GPU once uploaded); ``set_value``
+        takes them back (a checkpoint restores a state this way).
 
     Notes
     -----
     One state drives one dropout call per graph (give each dropout layer its
     own state, e.g. ``dropout_state(seed + k)``): the state's default update
-    is that call's counter advance. The state is a host variable; in the GPU
-    mode ``GpuDropout`` reads its four words as kernel arguments (no
-    transfer node) and the advance stays a tiny host op.
+    is that call's counter advance. With a host state, ``GpuDropout`` reads
+    the four words on the host as kernel arguments and the advance is a tiny
+    host op; with a GPU state everything, the advance included, stays on the
+    device. A GPU state needs CUDA when the function is compiled, whatever
+    the mode.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(
@@ -276,9 +305,29 @@ def dropout_state(seed: int, name: str | None = None) -> SharedVariable:
             f"dropout_state: seed must satisfy 0 <= seed < 2**64, got {seed}"
         )
     value = np.array([seed & 0xFFFFFFFF, seed >> 32, 0, 0], dtype=np.uint32)
-    state = pytensor.shared(value, name=name, shape=(4,))
+    if device is None:
+        state = pytensor.shared(value, name=name, shape=(4,))
+    else:
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+            raise TypeError(
+                "dropout_state: device must be None or an int device label, got "
+                f"{type(device).__name__}"
+            )
+        if device < 0:
+            raise ValueError(f"dropout_state: device must be >= 0, got {device}")
+        from cc2ops.cuda.type import shared as gpu_shared
+
+        state = gpu_shared(value, device=int(device), name=name, shape=(4,))
     state.tag.cc2ops_dropout_state = True
     return state
+
+
+def _is_gpu_state(state: SharedVariable) -> bool:
+    # the GPU type is imported lazily: cc2ops.dropout must not need cc2ops.cuda
+    # for host states (importing cc2ops.cuda never touches CUDA either way)
+    from cc2ops.cuda.type import CudaArrayType
+
+    return isinstance(state.type, CudaArrayType)
 
 
 def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
@@ -287,6 +336,7 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
     Parameters
     ----------
     x : tensor, float32 or float64, any shape and axis order
+        A host tensor or a GPU variable.
     p : float
         Drop probability, ``0 <= p < 1`` (``p == 0`` returns ``x``).
     state : SharedVariable
@@ -296,7 +346,11 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
     Returns
     -------
     TensorVariable
-        Same shape and dtype as ``x``.
+        A host tensor of the same shape and dtype as ``x``. With a host state
+        it is ``Dropout(p)(x, state)`` (lifted in the GPU mode); with a GPU
+        state on device ``d`` it is ``host_from_gpu(GpuDropout(p)(x on d,
+        state))`` (the GPU mode cancels the transfers next to GPU data), and
+        the default update is ``GpuDropoutAdvance()(state, x on d)``.
 
     Raises
     ------
@@ -322,11 +376,20 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
             f"dropout: state {state.name or state} already drives a dropout call; give "
             "each dropout its own state (dropout_state(seed + k))"
         )
-    y = Dropout(p)(x, state)
+    if _is_gpu_state(state):
+        from cc2ops.cuda.dropout import GpuDropout, GpuDropoutAdvance
+        from cc2ops.cuda.transfer import as_gpu, host_from_gpu
+
+        gx = as_gpu(x, state.type.device)
+        y = host_from_gpu(GpuDropout(p)(gx, state))
+        update = GpuDropoutAdvance()(state, gx)
+    else:
+        y = Dropout(p)(x, state)
+        update = DropoutAdvance()(state, x.size)
     with warnings.catch_warnings():
         # PyTensor 3 deprecates setting default_update (still honoured by
         # pytensor.function in 3.0 and 3.3); it is what makes every compiled
         # step advance the counter without the caller listing the update
         warnings.simplefilter("ignore", DeprecationWarning)
-        state.default_update = DropoutAdvance()(state, x.size)
+        state.default_update = update
     return y

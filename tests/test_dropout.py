@@ -181,3 +181,8 @@ def test_validation_errors():
         DropoutAdvance()(s, pt.dscalar())
     st = dropout_state(2**40 + 5)
     assert st.get_value().tolist() == [5, 256, 0, 0]
+    # the default (device=None) state is a host shared variable
+    assert isinstance(st.type, pt.TensorType) and st.type.shape == (4,)
+    assert isinstance(dropout_state(1, device=None).type, pt.TensorType)
+    with pytest.raises(ValueError, match="dropout_state: device must be >= 0"):
+        dropout_state(1, device=-2)
