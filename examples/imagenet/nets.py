@@ -375,14 +375,17 @@ class Network:
         """The dropout layers, in order."""
         return [l for l in self.layers if isinstance(l, Dropout)]
 
-    def make_dropout_states(self, seed: Sequence[int]) -> dict[str, Any]:
+    def make_dropout_states(
+        self, seed: Sequence[int], device: int | None = None
+    ) -> dict[str, Any]:
         """One fresh random state (a shared variable) per dropout layer.
 
         Layer ``i``'s state is seeded from ``SeedSequence([*seed, i])`` (the
         trainer passes ``[seed, DROPOUT_STREAM]``): a ``cc2ops.dropout_state``
         or, without cc2ops dropout, a shared ``numpy.random.Generator``. One
         state per layer keeps the layers' masks independent whatever the
-        state's update rule.
+        state's update rule. ``device``: the GPU label a ``cc2ops.dropout_state``
+        lives on (``None``: the host).
         """
         states: dict[str, Any] = {}
         for i, layer in enumerate(self.dropout_layers()):
@@ -390,7 +393,7 @@ class Network:
             name = f"{layer.name}.state"
             if dropout_backend() == "cc2ops":
                 states[layer.name] = cc2ops.dropout_state(
-                    int(seq.generate_state(1, np.uint64)[0]), name=name
+                    int(seq.generate_state(1, np.uint64)[0]), name=name, device=device
                 )
             else:
                 states[layer.name] = pytensor.shared(

@@ -399,6 +399,9 @@ class Backend:
         shared variables before another function (evaluation) reads them.
     eval_mode : pytensor Mode or None
         Mode of the evaluation function (default: ``mode``).
+    dropout_device : int or None
+        GPU label the dropout states live on (one GPU: the step then has no
+        host node), or ``None`` for host states.
     """
 
     name: str
@@ -408,6 +411,7 @@ class Backend:
     distribute: Callable[[list], list] | None = None
     sync: Callable[[Any], None] | None = None
     eval_mode: Any = None
+    dropout_device: int | None = None
 
 
 def _multi_gpu_module(devices: int) -> Any:
@@ -480,6 +484,7 @@ def select_backend(device: str, devices: int) -> Backend:
             f"cuda:{index}",
             cuda.mode(device=index),
             lambda v, name: cuda.shared(v, device=index, name=name),
+            dropout_device=index,
         )
     return Backend(
         f"cuda:{labels[0]}-{labels[-1]}",
@@ -912,7 +917,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     # ---- state: parameters, momenta, dropout states, position
-    dropout_states = net.make_dropout_states([cfg.seed, data.DROPOUT_STREAM])
+    dropout_states = net.make_dropout_states(
+        [cfg.seed, data.DROPOUT_STREAM], device=backend.dropout_device
+    )
     progress = {"seen": 0.0, "loss_sum": 0.0, "err_sum": 0.0, "wait": 0.0}
     if resume:
         values, moms = resume.params, resume.momenta
