@@ -1,25 +1,48 @@
 """Images/s of the cuda-convnet2 ImageNet net on K GPUs ("one weird trick").
 
-For K = 1 .. the number of GPUs (and K = 2 virtual labels on GPU 0 when
-there is only one, which measures the overhead of the rewrite itself), and
-for schemes (a) (all-gather of the conv activations) and (b) (one worker's
-batch at a time, broadcast on a second stream), it times one momentum-SGD
-step of a batch of 128 images per GPU (weak scaling, as in the paper) and
-prints the speedup over K = 1 beside the paper's (2 GPUs 1.95x, 4 GPUs 3.74x,
-8 GPUs 6.25x).
+For K = 1 and every power of two up to the number of GPUs (K = 1 and 2 with
+``--quick``; on a one-GPU machine K = 2 is two *virtual* labels on GPU 0,
+mapped with ``cc2ops.cuda.set_device_map``, which measures the overhead of the
+rewrite itself: the ideal "speedup" there is 1.0, not 2), and for schemes
+(a) (all-gather of the conv activations) and (b) (one worker's batch at a
+time, by broadcast), it times one momentum-SGD step of ``--per-gpu-batch``
+images per device (weak scaling, as in the paper: 128, or 32 with
+``--quick``) and prints the speedup over K = 1 beside the paper's (2 GPUs
+1.95x, 4 GPUs 3.74x, 8 GPUs 6.25x).
 
-Before timing, the first loss of the K-device step is checked against the
-single-device step on the same global batch. Dropout is off (the dropout op is
-not declared batch-separable). Images enter from the host each step, as in a
-training loop.
+Correctness before timing: the first loss of every K-device step equals the
+single-device loss on the same global batch, computed as the mean of the K = 1
+step's first loss on each per-device slice of that batch (equal slices, the
+same initial parameters, reset between the calls). Dropout is off. Images
+enter from the host each step, as in a training loop, and the whole step is
+timed on the host clock with a full device sync (``common.time_host``).
 
-Usage: ``python benchmarks/bench_multi_gpu.py [--quick] [--out DIR]``.
+The peer of every row is the K = 1 cc2ops step at the same per-device batch,
+same run (``peer_ms``; ``ratio = cc2ops_ms / peer_ms``,
+``speedup = K * peer_ms / cc2ops_ms``). Communication vs compute time per step
+is not reported: the collectives run inside the step on the cc2ops streams and
+a no-op backend would time a different program, so no honest split is
+measured here.
+
+A hard time cap (``--time-cap``, default 90 s with ``--quick``) stops the run
+between or inside configurations; a configuration that fails is recorded under
+``failures``. The result file is written with the rows gathered so far in
+every case.
+
+Usage: ``python benchmarks/bench_multi_gpu.py [--quick] [--out DIR]
+[--time-cap S] [--per-gpu-batch N] [--dry-run [--gpus N]]``. ``--dry-run``
+needs no GPU: it parses the arguments, builds every configuration's training
+graph and runs the GPU mode's rewrites (lifting, the multi-device state),
+stopping before linking, and checks the row format.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytensor
@@ -29,27 +52,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cc2ops  # noqa: E402
 import cc2ops.cuda  # noqa: E402
-from benchmarks.common import base_parser, time_host, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    _check_row,
+    base_parser,
+    time_host,
+    write_results,
+)
 from benchmarks.step_net import (  # noqa: E402
     imagenet_config,
     init_params,
     param_names,
-    small_config,
 )
 from cc2ops.graph import multi_gpu as mg  # noqa: E402
 
 PAPER_SPEEDUP = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
+PEER = "cc2ops K=1 step, same script, same run, same per-device batch"
+
+
+class TimeCap(Exception):
+    """The run's time cap (``--time-cap``) was reached."""
+
+
+def configurations(n_gpus: int, quick: bool) -> list[tuple[tuple[int, ...], str, str]]:
+    """``(labels, kind, scheme)`` to run, K = 1 first (the baseline).
+
+    ``kind`` is "physical" or "virtual" (several labels on GPU 0).
+    """
+    ks = [1, 2] if quick else [k for k in (1, 2, 4, 8) if k <= max(n_gpus, 2)]
+    runs = []
+    for k in ks:
+        kind = "physical" if k <= n_gpus else "virtual"
+        if kind == "virtual" and k != 2:
+            continue
+        for scheme in ("a", "b") if k > 1 else ("a",):
+            runs.append((tuple(range(k)), kind, scheme))
+    return runs
+
+
+def make_mode(labels: tuple[int, ...], kind: str, scheme: str) -> Any:
+    """The GPU mode of a configuration (``cc2ops.cuda.mode(devices=...)`` for K > 1)."""
+    if len(labels) == 1:
+        return cc2ops.cuda.mode(labels[0])
+    m = cc2ops.cuda.mode(
+        devices=list(labels), comm="virtual" if kind == "virtual" else "auto"
+    )
+    if scheme == "b":
+        m.backend.bcast_stream = "comm"  # NCCL: broadcasts on a second stream
+    return m
 
 
 def build(cfg, params, mode, labels, scheme):
-    """The training step; distributed before pytensor.grad when K > 1."""
+    """The training step graph: ``(inputs, loss, updates, shared, velocities)``.
+
+    Distributed with ``multi_gpu.distribute(loss, mode)`` before
+    ``pytensor.grad`` when K > 1.
+    """
     x = pt.tensor(
         "images", dtype=cfg.dtype, shape=(None, cfg.channels, cfg.image, cfg.image)
     )
     y = pt.ivector("labels")
     shared = {
         n: cc2ops.cuda.shared(
-            np.asarray(params[n], cfg.dtype), device=labels[0], name=n
+            np.asarray(params[n], cfg.dtype),
+            device=labels[0],
+            name=n,
+            shape=np.shape(params[n]),
         )
         for n in param_names(cfg)
     }
@@ -81,96 +148,241 @@ def build(cfg, params, mode, labels, scheme):
     lr = np.asarray(cfg.lr, cfg.dtype)
     mom = np.asarray(cfg.momentum, cfg.dtype)
     wd = np.asarray(cfg.weight_decay, cfg.dtype)
-    updates = []
+    updates, velocities = [], {}
     for n, g in zip(names, grads, strict=True):
         p = shared[n]
-        v = cc2ops.cuda.shared(
-            np.zeros_like(params[n], dtype=cfg.dtype), device=labels[0], name=f"v_{n}"
+        v = velocities[n] = cc2ops.cuda.shared(
+            np.zeros_like(params[n], dtype=cfg.dtype),
+            device=labels[0],
+            name=f"v_{n}",
+            shape=np.shape(params[n]),
         )
         v_new = mom * v + (g + wd * p)
         updates += [(v, v_new), (p, p - lr * v_new)]
-    return pytensor.function([x, y], loss, updates=updates, mode=mode)
+    return [x, y], loss, updates, shared, velocities
 
 
-def _mode(labels, scheme):
-    if len(labels) == 1:
-        return cc2ops.cuda.mode(labels[0])
-    m = cc2ops.cuda.mode(devices=list(labels))
-    if scheme == "b":
-        m.backend.bcast_stream = "comm"
-    return m
+def make_row(
+    k: int,
+    kind: str,
+    scheme: str,
+    per_gpu: int,
+    ms: float,
+    base_ms: float | None,
+    compile_s: float,
+    precision: str,
+) -> dict[str, Any]:
+    """One result row (BENCHMARK_RESULTS.md fields plus the multi-GPU ones)."""
+    batch = per_gpu * k
+    row: dict[str, Any] = {
+        "name": f"imagenet step K={k} {kind} b{per_gpu}/gpu scheme {scheme}",
+        "batch": batch,
+        "per_gpu_batch": per_gpu,
+        "pass": "step",
+        "precision": precision,
+        "cc2ops_ms": ms,
+        "peer_ms": base_ms,
+        "ratio": None if not base_ms else ms / base_ms,
+        "gpus": k,
+        "devices": kind if kind == "physical" else f"virtual ({k} labels on GPU 0)",
+        "scheme": scheme,
+        "images_per_s": batch / (ms / 1000.0),
+        "speedup": None if not base_ms else k * base_ms / ms,
+        "paper_speedup": PAPER_SPEEDUP.get(k) if kind == "physical" else None,
+        "ideal_speedup": k if kind == "physical" else 1.0,
+        "compile_s": compile_s,
+    }
+    return row
+
+
+def _reset(shared: dict, velocities: dict, params: dict) -> None:
+    for n, p in shared.items():
+        p.set_value(np.asarray(params[n]))
+        velocities[n].set_value(np.zeros_like(params[n]))
+
+
+def _on_cap(signum, frame):
+    raise TimeCap("time cap reached")
+
+
+def dry_run(args, runs, cfg_of) -> None:
+    """Build and rewrite every configuration without a GPU; check the row format."""
+    from collections import Counter
+
+    from pytensor.compile.rebuild import construct_function_ins_and_outs
+
+    from cc2ops.cuda.comm import GPU_COMM_OPS
+
+    for labels, kind, scheme in runs:
+        k = len(labels)
+        cfg = cfg_of(k)
+        params = init_params(cfg, seed=0)
+        mode = make_mode(labels, kind, scheme)
+        t0 = time.perf_counter()
+        ins, loss, updates, _, _ = build(cfg, params, mode, labels, scheme)
+        i, o = construct_function_ins_and_outs(ins, loss, updates=updates)
+        maker = mode.function_maker(i, o, mode)
+        fg = getattr(maker, "maker", maker).fgraph
+        comm = Counter(
+            type(n.op).__name__
+            for n in fg.apply_nodes
+            if isinstance(n.op, GPU_COMM_OPS)
+        )
+        gpu = sum(type(n.op).__name__.startswith("Gpu") for n in fg.apply_nodes)
+        print(
+            f"dry-run K={k} {kind} scheme {scheme}: {len(fg.apply_nodes)} nodes, "
+            f"{gpu} GPU ops, collectives {dict(comm)} "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+        if k > 1 and not comm:
+            raise AssertionError(f"K={k}: the rewritten graph has no GPU collectives")
+        _check_row(make_row(k, kind, scheme, cfg.batch // k, 1.0, 1.0, 0.0, "tf32"))
+    print("dry-run: all configurations built and rewritten; rows well-formed")
 
 
 def main(argv=None) -> None:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
-    import pycuda.driver as drv
-
-    from cc2ops.cuda.availability import require
-
-    require()
-    n_gpus = drv.Device.count()
-    per_gpu = 16 if args.quick else 128
-    make_cfg = small_config if args.quick else imagenet_config
-    iters = 3 if args.quick else args.iters
-    runs = [(tuple(range(k)), "physical") for k in range(1, n_gpus + 1)]
-    if n_gpus == 1:
-        cc2ops.cuda.set_device_map({0: 0, 1: 0})
-        runs.append(((0, 1), "virtual"))
-    rows, base_ips = [], None
-    r = np.random.default_rng(0)
-    for labels, kind in runs:
-        k = len(labels)
-        for scheme in ("a", "b") if k > 1 else ("a",):
-            cfg = make_cfg(batch=per_gpu * k, dropout=0.0)
-            params = init_params(cfg, seed=0)
-            images = r.normal(size=(cfg.batch, cfg.channels, cfg.image, cfg.image))
-            images = images.astype(cfg.dtype)
-            targets = r.integers(0, cfg.classes, cfg.batch).astype("int32")
-            fn = build(cfg, params, _mode(labels, scheme), labels, scheme)
-            loss = float(np.asarray(fn(images, targets)))
-            if k > 1:  # correctness before timing: the single-device first loss
-                ref = build(cfg, params, _mode((0,), "a"), (0,), "a")
-                want = float(np.asarray(ref(images, targets)))
-                if not np.isclose(loss, want, rtol=2e-3):
-                    raise AssertionError(
-                        f"K={k} scheme {scheme}: loss {loss} vs {want}"
-                    )
-            ms = time_host(
-                lambda fn=fn, a=images, b=targets: fn(a, b), warmup=2, iters=iters
-            )
-            ips = cfg.batch / (ms / 1000.0)
-            if k == 1:
-                base_ips, base_ms = ips, ms
-            speedup = ips / base_ips
-            rows.append(
-                {
-                    "name": f"imagenet step K={k} ({kind})",
-                    "batch": cfg.batch,
-                    "pass": "step",
-                    "precision": "tf32" if cc2ops.cuda.get_allow_tf32() else "fp32",
-                    "cc2ops_ms": ms,
-                    "peer_ms": base_ms,
-                    "ratio": ms / base_ms,
-                    "gpus": k,
-                    "devices": kind,
-                    "scheme": scheme,
-                    "images_per_s": ips,
-                    "speedup": speedup,
-                    "paper_speedup": PAPER_SPEEDUP.get(k),
-                }
-            )
-            print(
-                f"K={k} {kind:8s} scheme {scheme}: {ms:8.2f} ms/step "
-                f"{ips:9.1f} img/s speedup {speedup:5.2f} "
-                f"(paper {PAPER_SPEEDUP.get(k)})"
-            )
-    write_results(
-        "multi_gpu",
-        rows,
-        "cc2ops on 1 GPU, same run (peer_ms = the K=1 step)",
-        args.out,
-        extra={"per_gpu_batch": per_gpu, "paper_speedup": PAPER_SPEEDUP},
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument(
+        "--per-gpu-batch", type=int, default=None, help="default 128 (32 with --quick)"
     )
+    p.add_argument(
+        "--time-cap",
+        type=float,
+        default=None,
+        help="seconds for the whole run (default 90 with --quick, none otherwise)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="build graphs only, no GPU")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --dry-run")
+    args = p.parse_args(argv)
+    per_gpu = args.per_gpu_batch or (32 if args.quick else 128)
+    cap = args.time_cap if args.time_cap is not None else (90.0 if args.quick else 0)
+    iters = 10 if args.quick else args.iters
+    warmup = 2 if args.quick else args.warmup
+
+    def cfg_of(k: int):
+        return imagenet_config(batch=per_gpu * k, dropout=0.0)
+
+    if args.dry_run:
+        runs = configurations(args.gpus, args.quick)
+        if args.gpus == 1:
+            cc2ops.cuda.set_device_map({0: 0, 1: 0})
+        dry_run(args, runs, cfg_of)
+        return
+
+    start = time.monotonic()
+    if cap > 0:
+        signal.signal(signal.SIGALRM, _on_cap)
+        signal.setitimer(signal.ITIMER_REAL, cap)
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    try:
+        import pycuda.driver as drv
+
+        from cc2ops.cuda.availability import require
+
+        require()
+        n_gpus = drv.Device.count()
+        runs = configurations(n_gpus, args.quick)
+        if n_gpus == 1:
+            cc2ops.cuda.set_device_map({0: 0, 1: 0})
+        precision = "tf32" if cc2ops.cuda.get_allow_tf32() else "fp32"
+        r = np.random.default_rng(0)
+        base_ms: float | None = None
+        ref_data: tuple | None = None
+        for labels, kind, scheme in runs:
+            k = len(labels)
+            try:
+                cfg = cfg_of(k)
+                params = init_params(cfg, seed=0)
+                images = r.normal(size=(cfg.batch, cfg.channels, cfg.image, cfg.image))
+                images = images.astype(cfg.dtype)
+                targets = r.integers(0, cfg.classes, cfg.batch).astype("int32")
+                t0 = time.perf_counter()
+                mode = make_mode(labels, kind, scheme)
+                ins, loss, updates, shared, vel = build(
+                    cfg, params, mode, labels, scheme
+                )
+                fn = pytensor.function(ins, loss, updates=updates, mode=mode)
+                if k == 1:
+                    # the single-device first loss of every per-device slice of
+                    # the largest K's batch, each at the initial parameters
+                    n = per_gpu * max(len(c[0]) for c in runs)
+                    big = r.normal(size=(n, cfg.channels, cfg.image, cfg.image))
+                    big = big.astype(cfg.dtype)
+                    big_y = r.integers(0, cfg.classes, n).astype("int32")
+                    slices = []
+                    for s in range(n // per_gpu):
+                        if s:
+                            _reset(shared, vel, params)
+                        part = slice(s * per_gpu, (s + 1) * per_gpu)
+                        slices.append(float(np.asarray(fn(big[part], big_y[part]))))
+                        if not s:
+                            compile_s = time.perf_counter() - t0
+                    ref_data = (big, big_y, slices)
+                else:
+                    if ref_data is None:
+                        raise RuntimeError("no K=1 reference (the K=1 run failed)")
+                    big, big_y, slices = ref_data
+                    data = big[: per_gpu * k], big_y[: per_gpu * k]
+                    got = float(np.asarray(fn(*data)))
+                    compile_s = time.perf_counter() - t0
+                    want = float(np.mean(slices[:k]))
+                    if not np.isclose(got, want, rtol=2e-3):
+                        raise AssertionError(
+                            f"K={k} scheme {scheme}: first loss {got} vs the "
+                            f"single-device {want}"
+                        )
+                    print(f"K={k} scheme {scheme}: first loss {got:.5f} = {want:.5f}")
+                ms = time_host(
+                    lambda fn=fn, a=images, b=targets: fn(a, b),
+                    warmup=warmup,
+                    iters=iters,
+                )
+                if k == 1:
+                    base_ms = ms
+                row = make_row(
+                    k, kind, scheme, per_gpu, ms, base_ms, compile_s, precision
+                )
+                rows.append(row)
+                sp = row["speedup"]
+                print(
+                    f"K={k} {kind:8s} scheme {scheme}: {ms:8.2f} ms/step "
+                    f"{row['images_per_s']:9.1f} img/s speedup "
+                    f"{'n/a' if sp is None else f'{sp:5.2f}'} "
+                    f"(paper {PAPER_SPEEDUP.get(k) if kind == 'physical' else 'n/a'}, "
+                    f"compile {compile_s:.1f} s)",
+                    flush=True,
+                )
+            except TimeCap:
+                raise
+            except Exception as exc:  # record it, go on with the next one
+                msg = f"K={k} {kind} scheme {scheme}: {type(exc).__name__}: {exc}"
+                failures.append(msg[:2000])
+                print("FAILED", msg[:2000], flush=True)
+    except TimeCap:
+        failures.append(
+            f"time cap of {cap:.0f} s reached; later configurations skipped"
+        )
+        print(failures[-1], flush=True)
+    except Exception as exc:
+        failures.append(f"setup: {type(exc).__name__}: {exc}"[:2000])
+        print("FAILED", failures[-1], flush=True)
+    finally:
+        if cap > 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        write_results(
+            "multi_gpu",
+            rows,
+            PEER,
+            args.out,
+            extra={
+                "per_gpu_batch": per_gpu,
+                "paper_speedup": PAPER_SPEEDUP,
+                "wall_s": round(time.monotonic() - start, 1),
+                "comm_vs_compute": "not measured (no honest split inside one step)",
+                "failures": failures,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -760,11 +760,17 @@ class CommBackend:
             return part
         return out.type.filter_variable(part, allow_convert=True)
 
-    def root_view(self, parts: Sequence[Variable], placement: Any) -> Variable:
-        """The whole value of per-device state, as one root variable."""
-        if placement.kind == "replicated":
-            return parts[0]
-        return self.gather(parts, placement.axis)
+    def root_view(
+        self, parts: Sequence[Variable], placement: Any, like: Variable | None = None
+    ) -> Variable:
+        """The whole value of per-device state, as one root variable (of
+        ``like``'s type when given: it stands for that variable)."""
+        view = parts[0] if placement.kind == "replicated" else None
+        if view is None:
+            view = self.gather(parts, placement.axis)
+        if like is not None and view.type != like.type:
+            view = like.type.filter_variable(view, allow_convert=True)
+        return view
 
 
 class VirtualBackend(CommBackend):

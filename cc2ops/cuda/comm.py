@@ -987,27 +987,37 @@ class GpuBackend(CommBackend):
 
         value = np.asarray(var.get_value())
         name = var.name or "shared"
+        # the parts keep the original's static shape (pieces: their extent along
+        # the axis), so they pass where the distribution nodes' outputs went
+        static = tuple(getattr(var.type, "shape", (None,) * value.ndim))
         if placement.kind == "replicated":
             first = (
                 var
                 if isinstance(var, CudaSharedVariable)
                 and var.type.device == self.labels[0]
-                else shared(value, device=self.labels[0], name=f"{name}@0")
+                else shared(
+                    value, device=self.labels[0], name=f"{name}@0", shape=static
+                )
             )
             return [first] + [
-                shared(value.copy(), device=d, name=f"{name}@{k}")
+                shared(value.copy(), device=d, name=f"{name}@{k}", shape=static)
                 for k, d in enumerate(self.labels[1:], start=1)
             ]
         parts = []
-        bounds = shard_bounds(value.shape[placement.axis], self.n)
+        axis = placement.axis
+        bounds = shard_bounds(value.shape[axis], self.n)
         for k, ((start, stop), d) in enumerate(zip(bounds, self.labels, strict=True)):
             index = [slice(None)] * value.ndim
-            index[placement.axis] = slice(start, stop)
+            index[axis] = slice(start, stop)
+            shape = list(static)
+            if shape[axis] is not None:
+                shape[axis] = stop - start
             parts.append(
                 shared(
                     np.array(value[tuple(index)], copy=True),
                     device=d,
                     name=f"{name}@{k}",
+                    shape=tuple(shape),
                 )
             )
         return parts
@@ -1022,15 +1032,23 @@ class GpuBackend(CommBackend):
         view = host_from_gpu(part)
         return view if view.type == out.type else out.type.filter_variable(view)
 
-    def root_view(self, parts, placement):
-        from cc2ops.cuda.transfer import host_from_gpu
+    def root_view(self, parts, placement, like=None):
+        from cc2ops.cuda.transfer import as_gpu, host_from_gpu
 
         hosts = [host_from_gpu(p) for p in parts]
-        return (
+        view = (
             hosts[0]
             if placement.kind == "replicated"
             else self.gather(hosts, placement.axis)
         )
+        if like is None or view.type == like.type:
+            return view
+        if isinstance(like.type, CudaArrayType):
+            # a GPU shared variable's stand-in: the gathered value on its device
+            if tuple(view.type.shape) != tuple(like.type.shape):
+                view = pt.specify_shape(view, like.type.shape)
+            view = as_gpu(view, like.type.device)
+        return like.type.filter_variable(view, allow_convert=True)
 
     def __repr__(self) -> str:
         return f"GpuBackend(labels={self.labels}, impl={self.impl!r})"

@@ -42,6 +42,9 @@ outputs (or ``None`` to pass). In order::
                     conv segment or with distributed inputs: batched inputs
                     -> sharded(0), the others replicated -> sharded(0)
     all_root        every input root                -> the node as is (root)
+    dropout         sharded(0) with rows of a static size % 4 == 0 -> sharded(0)
+                    (each device the mask slice of its examples); partial ->
+                    partial; else replicated (the state stays root)
     shape           Shape/Shape_i of a distributed value -> root global shape
     partial_linear  Add/Sub/Neg of partials, partial * or / replicated -> partial
     elemwise        sharded(a) with others broadcasting or sharded(a)
@@ -84,6 +87,11 @@ Notes
   ``B % K`` devices get one more example); each device needs >= 1 example.
 - Only elementwise update rules (SGD, momentum, weight decay...) can be
   localised; others raise ``ValueError`` at compile time.
+- Compiling a model (a data input with >= 1 dim, or a conv/pool/norm/loss
+  op) in a K > 1 multi-device mode without :func:`distribute` raises
+  ``ValueError`` (it would silently run on one device). Graphs of scalar
+  inputs and shared state, hand-written multi-device graphs (several device
+  labels, or collectives) and inner graphs (Scan) compile unchanged.
 - A sharded original shared variable is a view afterwards: ``get_value`` /
   ``set_value`` on it assemble / split the shards; other compiled functions
   that read it see its last synchronised value (call :func:`sync`).
@@ -92,6 +100,7 @@ Notes
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +112,7 @@ from pytensor.compile.maker import FunctionMaker
 from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
-from pytensor.graph.traversal import ancestors, toposort
+from pytensor.graph.traversal import ancestors, graph_inputs, toposort
 from pytensor.scalar.basic import Add, Cast, Identity, Mul, Neg, Sub, TrueDiv
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
@@ -112,6 +121,7 @@ from pytensor.tensor.shape import Reshape, Shape, Shape_i
 
 from cc2ops.comm import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.conv import FilterActs
+from cc2ops.dropout import Dropout, DropoutAdvance
 from cc2ops.pool import AvgPool, MaxPool
 from cc2ops.response_norm import CrossMapNorm
 from cc2ops.softmax_loss import SoftmaxCrossEntropy, TopKError
@@ -621,6 +631,67 @@ def rule_batch_separable(dz: Distributor, node: Any, dists: Sequence[Dist]):
     return sharded(0), dz.per_device(node, list(zip(*per_input, strict=True)))
 
 
+def _aligned_rows(x: Variable) -> bool:
+    """Rows (everything after axis 0) of a static size divisible by 4."""
+    rest = x.type.shape[1:]
+    if x.type.ndim < 2 or any(s is None for s in rest):
+        return False
+    return int(np.prod(rest, dtype=np.int64)) % 4 == 0
+
+
+def rule_dropout(dz: Distributor, node: Any, dists: Sequence[Dist]):
+    """Dropout (:mod:`cc2ops.dropout`): the mask of element ``i`` is a function of
+    the state and ``i`` (C order), so a device can draw the mask of its slice.
+
+    x sharded(0) with rows of a static size divisible by 4 -> sharded(0), no
+    communication: device k uses the state advanced past the elements of the
+    shards before it (``DropoutAdvance(state, offset_k)``; ``offset_k`` is a
+    multiple of 4, so its Philox blocks start at block ``offset_k / 4``).
+    x partial -> partial (dropout is linear). Otherwise (sharded by FC output
+    units, or unaligned rows) x replicated -> replicated: in the FC segment this
+    is the all-gather the next product needs anyway, plus K copies of an
+    elementwise op. The state stays one root host value read by every device,
+    and its default update (the counter advance) is rewritten to count the
+    global size from the per-device shapes, so it no longer reads the
+    single-device graph.
+    """
+    if not isinstance(node.op, Dropout):
+        return None
+    (d, ds) = dists
+    if d.placement == ROOT or ds.placement != ROOT:
+        return None
+    x, state = node.inputs
+    if d.placement == sharded(0) and _aligned_rows(x):
+        states: list[Variable] = [state]
+        offset = None
+        for v in d.vars[:-1]:
+            offset = v.size if offset is None else offset + v.size
+            states.append(DropoutAdvance()(state, offset))
+        placement = d.placement
+        inputs_k = [[v, st] for v, st in zip(d.vars, states, strict=True)]
+        total = pt.add(*[v.size for v in d.vars]) if dz.k > 1 else d.vars[0].size
+    elif d.placement == PARTIAL:
+        placement = PARTIAL
+        inputs_k = [[v, state] for v in d.vars]
+        total = d.vars[0].size
+    else:
+        placement = REPLICATED
+        inputs_k = [[v, state] for v in dz.replicated(x)]
+        total = inputs_k[0][0].size
+    upd = getattr(state, "default_update", None)
+    if (
+        upd is not None
+        and upd.owner is not None
+        and isinstance(upd.owner.op, DropoutAdvance)
+        and upd.owner.inputs[0] is state
+    ):
+        with warnings.catch_warnings():
+            # deprecated in PyTensor 3 but honoured (cc2ops.dropout sets it too)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            state.default_update = DropoutAdvance()(state, total)
+    return placement, dz.per_device(node, inputs_k)
+
+
 def rule_matmul_fc(dz: Distributor, node: Any, dists: Sequence[Dist]):
     """A product in the FC segment: model-parallel by output units.
 
@@ -728,6 +799,7 @@ def rule_fallback(dz: Distributor, node: Any, dists: Sequence[Dist]):
 RULES: tuple[Callable, ...] = (
     rule_batch_separable,
     rule_all_root,
+    rule_dropout,
     rule_shape,
     rule_partial_linear,
     rule_elemwise,
@@ -984,8 +1056,16 @@ def localise(
     found = _distribution_nodes(graph_outs)
     if not found:
         return inputs, outputs, loc
-    placements = {v: p for v, (p, _) in found.items()}
     k = backend.n
+    for var, (_, nodes) in found.items():
+        for node in nodes:
+            if len(node.outputs) != k:
+                raise ValueError(
+                    f"multi_gpu: {var} was distributed over {len(node.outputs)} "
+                    f"devices but the mode has K={k} ({backend!r}); pass the mode to "
+                    "distribute: distribute(cost, mode)"
+                )
+    placements = {v: p for v, (p, _) in found.items()}
     parts_cache: dict = {}
 
     # the fixed point: state whose update is distributed becomes distributed
@@ -1061,7 +1141,7 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
         memo[var] = (
             parts[0]
             if (p == REPLICATED and parts[0] is var)
-            else (backend.root_view(parts, p))
+            else backend.root_view(parts, p, var)
         )
     # rebuild the graph on the per-device state, then seed the gradient leaves
     leaves_memo = dict(memo)
@@ -1071,7 +1151,8 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
             updates, _rebuild(list(updates.values()), leaves_memo), strict=True
         )
     }
-    for node in toposort(list(rebuilt_updates.values())):
+    update_nodes = list(toposort(list(rebuilt_updates.values())))
+    for node in update_nodes:
         kind = comm_kind(node.op)
         if kind == "reduce":
             dz.set(
@@ -1079,6 +1160,14 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
             )
         elif kind == "gather":
             dz.set(node.outputs[0], sharded(node.op.axis), list(node.inputs))
+    # Shapes of values that are not distributed state (e.g. the per-device
+    # activations whose sizes a dropout state's counter advance adds up) are
+    # root integers: their ancestors, the already per-device forward graph,
+    # need no placing, and placing them would mistake device 0's replica
+    # (the original variable) for distributed state.
+    for node in update_nodes:
+        if isinstance(node.op, (Shape, Shape_i)) and node.inputs[0] not in dz.memo:
+            dz.set(node.outputs[0], ROOT, [node.outputs[0]])
     for var, p in placements.items():
         root_view = leaves_memo.get(var)
         if root_view is not None and root_view is not var:
@@ -1091,11 +1180,77 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
     return dz
 
 
+def _batch_evidence(inputs: list, outputs: Any) -> list[str]:
+    """What makes an undistributed graph a model over a batch (for the error).
+
+    The non-shared, non-constant inputs with >= 1 dim (data inputs), and the
+    registered batch-separable ops (conv, pools, norms, losses: a model reading
+    its batch from shared variables). Empty for a graph of scalar inputs and
+    shared state only, and for a hand-written multi-device graph (values on
+    several device labels, or collectives): it does not run on one device.
+    """
+    outs = [outputs] if isinstance(outputs, Variable) else list(outputs)
+    outs = [getattr(o, "variable", o) for o in outs]
+    ins = [FunctionMaker.wrap_in(i) for i in inputs]
+    roots = outs + [i.update for i in ins if i.update is not None]
+    nodes = list(toposort(roots))
+    if any(comm_kind(n.op) is not None for n in nodes):
+        return []
+    labels = {
+        v.type.device
+        for n in nodes
+        for v in (*n.inputs, *n.outputs)
+        if getattr(v.type, "device", None) is not None
+    }
+    if len(labels) > 1:
+        return []
+    found: list[str] = []
+    for v in [i.variable for i in ins] + list(graph_inputs(roots)):
+        if isinstance(v, (SharedVariable, Constant)) or v.owner is not None:
+            continue
+        if getattr(v.type, "ndim", 0) >= 1:
+            name = f"input {v.name or v}"
+            if name not in found:
+                found.append(name)
+    ops = {type(n.op).__name__ for n in nodes if _batched_inputs(n.op)}
+    found += [f"op {name}" for name in sorted(ops)]
+    return found
+
+
+def _refuse_undistributed(mode: MultiDeviceMode, inputs: list, outputs: Any) -> None:
+    """A K > 1 mode compiling a model that ``distribute`` never saw: refuse.
+
+    Without this the function would silently run on one device. Graphs with no
+    batch (scalar inputs and shared state only) compile unchanged.
+    """
+    evidence = _batch_evidence(inputs, outputs)
+    if not evidence:
+        return
+    be = mode.backend
+    raise ValueError(
+        f"multi_gpu: compiling in {type(mode).__name__} with K={be.n} devices "
+        f"(labels {tuple(be.labels)}) a graph that was not passed through "
+        f"distribute ({', '.join(evidence[:4])}); it would run on one device. Call "
+        "cc2ops.graph.multi_gpu.distribute(cost, mode) before pytensor.grad, or "
+        "compile it in a single-device mode (cc2ops.mode, cc2ops.cuda.mode(device))"
+    )
+
+
 class _MultiMaker:
-    """Stands in for ``FunctionMaker``: localises the state, then compiles."""
+    """Stands in for ``FunctionMaker``: localises the state, then compiles.
+
+    Inner graphs (Scan, OpFromGraph) linked in the mode arrive with a prepared
+    ``fgraph``; they are parts of an outer graph and pass unchanged.
+    """
 
     def __init__(self, mode: MultiDeviceMode, inputs, outputs, *args, **kwargs):
+        if kwargs.get("fgraph") is not None:
+            self.loc = _Localised()
+            self.maker = FunctionMaker(inputs, outputs, mode, *args, **kwargs)
+            return
         new_ins, new_outs, loc = localise(inputs, outputs, mode.backend)
+        if not loc.state and mode.backend.n > 1:
+            _refuse_undistributed(mode, inputs, outputs)
         self.loc = loc
         self.maker = FunctionMaker(new_ins, new_outs, mode, *args, **kwargs)
 

@@ -45,6 +45,29 @@ def test_cuda_mode_with_two_labels_is_the_multi_gpu_mode():
     assert isinstance(m, MultiGpuMode)
     assert m.backend.labels == (0, 1) and m.cc2ops_devices == (0, 1)
     assert isinstance(cc2ops.cuda.mode(0), cc2ops.cuda.mode.__globals__["GpuMode"])
+    # what examples/imagenet/train.py checks for --device cuda --devices K
+    for kwargs in ({"devices": [0, 1]}, {"device": 2, "devices": [2, 3, 4]}):
+        m = cc2ops.cuda.mode(**kwargs)
+        assert isinstance(m, mg.MultiDeviceMode), kwargs
+        assert m.backend.n == len(kwargs["devices"]) and m.backend.impl == "auto"
+    assert not isinstance(cc2ops.cuda.mode(0), mg.MultiDeviceMode)
+
+
+def test_undistributed_model_is_refused_and_gpu_to_gpu_graphs_are_not():
+    """No GPU needed: the maker refuses, or builds (linking would need CUDA)."""
+    mode = cc2ops.cuda.mode(devices=[0, 1], comm="virtual")
+    x, y, params, cost, updates = _training(mode, False)
+    ins, outs = construct_function_ins_and_outs([x, y], cost, updates=updates)
+    with pytest.raises(ValueError) as info:
+        mode.function_maker(ins, outs, mode)
+    msg = str(info.value)
+    assert "MultiGpuMode with K=2 devices (labels (0, 1))" in msg, msg
+    assert "distribute(cost, mode) before pytensor.grad" in msg, msg
+    # a hand-written transfer between labels spans two devices: compiled as is
+    v = cc2ops.cuda.CudaArrayType("float32", (None,), 0)("v")
+    ins, outs = construct_function_ins_and_outs([v], cc2ops.cuda.gpu_to_gpu(v, 1))
+    fg = mode.function_maker(ins, outs, mode).maker.fgraph
+    assert any(type(n.op).__name__ == "GpuToGpu" for n in fg.apply_nodes)
 
 
 def test_gpu_training_graph_is_lifted_with_gpu_collectives():
@@ -110,3 +133,31 @@ def test_two_virtual_labels_on_one_gpu_equal_the_single_gpu_run(monkeypatch, bat
     for got, want in zip(params, ref_params, strict=True):
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gpu_shared_parameters_with_static_shapes_are_localised():
+    """Parameters made with cc2ops.cuda.shared(..., shape=...) (the example and the
+    benchmark): parts keep the static shapes and the originals' stand-ins are
+    GPU-typed; no host Gather of a parameter is left in the step."""
+    mode = cc2ops.cuda.mode(devices=[0, 1], comm="virtual")
+    x, y, host_params, _, _ = _net()
+    x = pytensor.tensor.tensor("x", dtype="float32", shape=(None, 3, 7, 7))
+    params = [
+        cc2ops.cuda.shared(p.get_value(), name=p.name, shape=p.get_value().shape)
+        for p in host_params
+    ]
+    w1, b1, wf1, bf1, wf2, bf2 = params
+    h = cc2ops.conv2d(x, w1, padding=1) + b1.dimshuffle("x", 0, "x", "x")
+    h = cc2ops.max_pool2d(pytensor.tensor.maximum(h, 0), 3, 2)
+    f = pytensor.tensor.maximum(pytensor.tensor.dot(h.flatten(2), wf1) + bf1, 0)
+    logits = pytensor.tensor.dot(f, wf2) + bf2
+    cost = mg.distribute(cc2ops.softmax_cross_entropy(logits, y).mean(), mode)
+    grads = pytensor.grad(cost, params)
+    updates = [(p, p - F32(0.1) * g) for p, g in zip(params, grads, strict=True)]
+    ins, outs = construct_function_ins_and_outs([x, y], cost, updates=updates)
+    fg = mode.function_maker(ins, outs, mode).maker.fgraph
+    ops = Counter(type(n.op).__name__ for n in fg.apply_nodes)
+    assert ops["Gather"] == 0 and ops["Scatter"] == 2 and ops["Reduce"] == 1, ops
+    shapes = {v.name: v.type.shape for v in fg.inputs if v.name}
+    assert shapes["wf1@0"] == (36, 4) and shapes["wf1@1"] == (36, 4), shapes
+    assert shapes["w1@1"] == (4, 3, 3, 3), shapes

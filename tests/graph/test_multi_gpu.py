@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 
 import numpy as np
@@ -507,12 +506,156 @@ def test_modes_keep_their_backend_when_cloned():
     assert m.excluding("cc2ops_fuse_softmax_loss").backend is m.backend
 
 
-def test_forward_only_functions_compile_unchanged_in_the_mode():
+@pytest.mark.parametrize("k", [2, 3])
+def test_undistributed_models_are_refused_in_a_multi_device_mode(k):
     x, y, params, cost, _ = _net()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        f = pytensor.function([x, y], cost, mode=mg.mode(2))
+    mode = mg.mode(k)
+    with pytest.raises(ValueError) as info:
+        pytensor.function([x, y], cost, mode=mode)
+    msg = str(info.value)
+    for part in (
+        "MultiDeviceMode",
+        f"K={k}",
+        "not passed through distribute",
+        "input x",
+        "cc2ops.graph.multi_gpu.distribute(cost, mode) before pytensor.grad",
+    ):
+        assert part in msg, (part, msg)
+    # the training function too (gradients of the undistributed cost)
+    g = pytensor.grad(cost, params[0])
+    with pytest.raises(ValueError, match="not passed through distribute"):
+        pytensor.function([x, y], cost, updates=[(params[0], params[0] - g)], mode=mode)
+    # a model reading its batch from shared variables (no data input) as well
+    data = pytensor.shared(np.zeros((4, 3, 7, 7), "float32"), name="data")
+    with pytest.raises(ValueError, match="op FilterActs"):
+        pytensor.function([], cc2ops.conv2d(data, params[0]).sum(), mode=mode)
+
+
+def test_graphs_without_a_batch_compile_unchanged_in_a_multi_device_mode():
+    lr = pytensor.shared(np.float32(0.1), name="lr")
+    s = pt.fscalar("s")
+    f = pytensor.function([s], lr * s, updates=[(lr, lr * F32(0.5))], mode=mg.mode(2))
+    assert np.isclose(f(np.float32(3.0)), 0.3) and np.isclose(lr.get_value(), 0.05)
+    # a hand-written multi-device graph (collectives) is not a silent fallback
+    a, b = pt.fmatrix("a"), pt.fmatrix("b")
+    g = pytensor.function([a, b], AllGather(2, 0)(a, b), mode=mg.mode(2))
+    va, vb = np.ones((2, 3), "float32"), np.zeros((1, 3), "float32")
+    for out in g(va, vb):
+        np.testing.assert_array_equal(out, np.concatenate([va, vb]))
+    # K = 1 is a single device: nothing to distribute, nothing refused
+    x, y, params, cost, _ = _net()
+    f1 = pytensor.function([x, y], cost, mode=mg.mode(1))
     r = np.random.default_rng(0)
     assert np.isfinite(
-        f(r.normal(size=(4, 3, 7, 7)).astype("float32"), np.zeros(4, "int32"))
+        f1(r.normal(size=(4, 3, 7, 7)).astype("float32"), np.zeros(4, "int32"))
+    )
+
+
+def test_distributed_for_another_k_is_refused():
+    x, y, params, cost, _ = _net()
+    cost = mg.distribute(cost, 3)
+    with pytest.raises(ValueError, match="distributed over 3 devices but the mode"):
+        pytensor.function([x, y], cost, mode=mg.mode(2))
+
+
+# --------------------------------------------------------------------------
+# dropout: each device draws the mask slice of its examples, or runs replicated
+# --------------------------------------------------------------------------
+
+
+def _dropout_train(k, where, batch=7, steps=3, seed=0):
+    """The small net with dropout ``where`` ("conv": after the pool, rows of 36;
+    "conv_unaligned": rows of 27; "fc": after FC1, sharded by units)."""
+    r = np.random.default_rng(seed)
+    filters = 3 if where == "conv_unaligned" else 4
+
+    def sh(shape, name, s=0.3):
+        value = (r.normal(size=shape) * s).astype("float32")
+        return pytensor.shared(value, name=name, shape=shape)  # static row sizes
+
+    params = [
+        sh((filters, 3, 3, 3), "w1"),
+        sh((filters,), "b1", 0.1),
+        sh((filters * 9, 8), "wf1"),
+        sh((8,), "bf1", 0.1),
+        sh((8, 5), "wf2"),
+        sh((5,), "bf2", 0.1),
+    ]
+    w1, b1, wf1, bf1, wf2, bf2 = params
+    x = pt.tensor("x", dtype="float32", shape=(None, 3, 7, 7))
+    y = pt.ivector("y")
+    state = cc2ops.dropout_state(1234, name="drop")
+    h = pt.maximum(cc2ops.conv2d(x, w1, padding=1) + b1.dimshuffle("x", 0, "x", "x"), 0)
+    h = cc2ops.max_pool2d(h, 3, 2)
+    if where != "fc":
+        h = cc2ops.dropout(h, 0.5, state)
+    f = pt.maximum(pt.dot(h.flatten(2), wf1) + bf1, 0)
+    if where == "fc":
+        f = cc2ops.dropout(f, 0.5, state)
+    cost = cc2ops.softmax_cross_entropy(pt.dot(f, wf2) + bf2, y).mean()
+    if k:
+        cost = mg.distribute(cost, k)
+    grads = pytensor.grad(cost, params)
+    updates = [(p, p - F32(0.1) * g) for p, g in zip(params, grads, strict=True)]
+    fn = pytensor.function(
+        [x, y], cost, updates=updates, mode=mg.mode(k) if k else cc2ops.mode
+    )
+    r2 = np.random.default_rng(seed + 1)
+    data = r2.normal(size=(batch, 3, 7, 7)).astype("float32")
+    labels = r2.integers(0, 5, size=batch).astype("int32")
+    losses = [float(fn(data, labels)) for _ in range(steps)]
+    return losses, [p.get_value() for p in params], state.get_value(), fn
+
+
+@pytest.mark.parametrize("where", ["conv", "conv_unaligned", "fc"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_dropout_steps_equal_the_single_device_run(k, where):
+    ref_losses, ref_params, ref_state, _ = _dropout_train(0, where)
+    losses, params, state, fn = _dropout_train(k, where)
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-6, atol=1e-6, err_msg="loss")
+    for got, want in zip(params, ref_params, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    # the counter advanced by the global size each step, as on one device
+    np.testing.assert_array_equal(state, ref_state)
+    assert state[2] > 0
+    drops = [n for n in fn.maker.fgraph.apply_nodes if type(n.op).__name__ == "Dropout"]
+    advances = [
+        n
+        for n in fn.maker.fgraph.apply_nodes
+        if type(n.op).__name__ == "DropoutAdvance"
+    ]
+    # K forward + K pullback masks; device k > 0 reads an advanced state only
+    # where it draws its own slice
+    assert len(drops) == 2 * k, drops
+    assert len(advances) == (k if where == "conv" else 1), advances
+
+
+def test_rule_dropout_slices_aligned_batch_shards_and_replicates_the_rest():
+    state = cc2ops.dropout_state(5)
+    x = pt.tensor("x", dtype="float32", shape=(None, 8))
+    node = cc2ops.dropout(x, 0.5, state).owner
+    dz = _dz(3)
+    _seed(dz, x, sharded(0))
+    placement, outs = mg.rule_dropout(dz, node, [dz.dist(i) for i in node.inputs])
+    assert placement == sharded(0)
+    states = [o[0].owner.inputs[1] for o in outs]
+    assert states[0] is state
+    assert all(type(s.owner.op).__name__ == "DropoutAdvance" for s in states[1:])
+    # the state's counter advance now adds up the per-device sizes
+    assert state.default_update.owner.inputs[0] is state
+    # sharded by units (the FC segment): replicated after one all-gather
+    state2 = cc2ops.dropout_state(6)
+    node2 = cc2ops.dropout(x, 0.5, state2).owner
+    dz2 = _dz(2)
+    _seed(dz2, x, sharded(1))
+    placement, outs = mg.rule_dropout(dz2, node2, [dz2.dist(i) for i in node2.inputs])
+    assert placement == REPLICATED
+    assert all(o[0].owner.inputs[1] is state2 for o in outs)
+    assert isinstance(outs[0][0].owner.inputs[0].owner.op, AllGather)
+    # partial sums stay partial (dropout is linear)
+    dz3 = _dz(2)
+    _seed(dz3, x, PARTIAL)
+    node3 = cc2ops.dropout(x, 0.5, cc2ops.dropout_state(7)).owner
+    assert (
+        mg.rule_dropout(dz3, node3, [dz3.dist(i) for i in node3.inputs])[0] == PARTIAL
     )
