@@ -32,6 +32,7 @@ as in PyTorch.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "param_names",
     "build_step",
     "feature_shape",
+    "dropout_state_on_gpu",
 ]
 
 
@@ -250,7 +252,8 @@ class Step:
     config : NetConfig
     dropout_states : list of shared variables
         One ``cc2ops.dropout_state`` per dropout layer (their counter
-        advances are default updates, which ``pytensor.function`` adds).
+        advances are default updates, which ``pytensor.function`` adds); GPU
+        shared variables with ``gpu_params`` where supported.
     """
 
     inputs: list
@@ -275,6 +278,25 @@ def _shared(value: np.ndarray, name: str, gpu: bool, device: int) -> Any:
 
         return shared(value, device=device, name=name, shape=value.shape)
     return pytensor.shared(value, name=name, shape=value.shape)
+
+
+def dropout_state_on_gpu() -> bool:
+    """Whether ``cc2ops.dropout_state`` can make a GPU state (``device=``)."""
+    fn = getattr(cc2ops, "dropout_state", None)
+    if fn is None:
+        return False
+    return "device" in inspect.signature(fn).parameters
+
+
+def _dropout_state(seed: int, name: str, device: int | None) -> Any:
+    """A dropout state; on GPU ``device`` when given and supported.
+
+    A GPU state keeps the whole step on the device: the mask kernel reads the
+    counter from device memory and its advance is a GPU op.
+    """
+    if device is not None and dropout_state_on_gpu():
+        return cc2ops.dropout_state(seed, name=name, device=device)
+    return cc2ops.dropout_state(seed, name=name)
 
 
 def build_step(
@@ -303,7 +325,9 @@ def build_step(
         ``pytensor.shared``.
     dropout : bool, optional
         Default ``cfg.dropout > 0``. Uses ``cc2ops.dropout``; layer ``j`` gets
-        the state ``cc2ops.dropout_state(dropout_seed + j)``.
+        the state ``cc2ops.dropout_state(dropout_seed + j)``, on GPU ``device``
+        with ``gpu_params`` (when ``dropout_state`` takes ``device=``; see
+        :func:`dropout_state_on_gpu`). The masks are the same either way.
     static_batch : bool
         Give the image and label inputs the static batch size ``cfg.batch``.
     gpu_inputs : bool
@@ -364,7 +388,9 @@ def build_step(
         if use_dropout:
             # one state per dropout call (each state's default update is its
             # own counter advance)
-            state = cc2ops.dropout_state(dropout_seed + j, name=f"dropout{j + 1}")
+            state = _dropout_state(
+                dropout_seed + j, f"dropout{j + 1}", device if gpu_params else None
+            )
             states.append(state)
             h = cc2ops.dropout(h, cfg.dropout, state)
     j = len(cfg.fc)

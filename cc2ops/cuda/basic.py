@@ -1304,8 +1304,11 @@ def lift_subtensor(fgraph: Any, node: Apply, device: int) -> list[Variable] | No
 def lift_inc_subtensor(fgraph: Any, node: Apply, device: int) -> list[Variable] | None:
     """``IncSubtensor(x, y, *i) -> GpuIncSubtensor(gpu(x), gpu(y), *i)`` (not inplace).
 
-    Declines for non-scalar indices, unsupported dtypes, and for ``inc`` on
-    bool; the in-place decision is taken again on the GPU graph.
+    A constant ``y`` of another dtype (``set_subtensor(x[:, 0], 0.0)`` on a
+    float64 ``x`` gets a float32 ``0.0``) is cast to ``x``'s dtype, as the host
+    op's numpy assignment does. Declines for other ``y`` of another dtype,
+    non-scalar indices, unsupported dtypes, and for ``inc`` on bool; the
+    in-place decision is taken again on the GPU graph.
     """
     op = node.op
     x, y, *index = node.inputs
@@ -1313,6 +1316,8 @@ def lift_inc_subtensor(fgraph: Any, node: Apply, device: int) -> list[Variable] 
         return None
     if x.type.dtype == "bool" and not op.set_instead_of_inc:
         return None
+    if isinstance(y, TensorConstant) and y.type.dtype != x.type.dtype:
+        y = pt.constant(np.asarray(y.data).astype(x.type.dtype))
     gx = gpu_constant_or_transfer(x, device)
     gy = gpu_constant_or_transfer(y, device)
     if gy.type.dtype != gx.type.dtype:

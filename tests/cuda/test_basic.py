@@ -25,6 +25,7 @@ from pytensor.tensor.basic import Alloc, AllocEmpty, Join, Split
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.shape import Reshape, Shape, Shape_i, SpecifyShape
 from pytensor.tensor.subtensor import IncSubtensor, Subtensor
+from pytensor.tensor.type import integer_dtypes
 
 import cc2ops.cuda as cuda
 from cc2ops.cuda import basic
@@ -334,23 +335,146 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-def gpu_fn(build, *arrays, outputs_gpu=False):
-    """Compile ``build(*host views of GPU inputs)`` in the GPU mode; run it."""
-    syms = [pt.tensor(dtype=str(a.dtype), shape=(None,) * a.ndim) for a in arrays]
-    hs = [cuda.host_from_gpu(cuda.gpu_from_host(s, 0)) for s in syms]
-    outs = build(*hs)
+def gpu_inputs(*arrays):
+    """GPU-typed input variables like ``arrays`` (unknown extents)."""
+    return [
+        gvar((None,) * a.ndim, dtype=str(a.dtype), name=f"in{k}")
+        for k, a in enumerate(arrays)
+    ]
+
+
+def gpu_fn(build, *arrays):
+    """Compile ``build(*host views of GPU inputs)`` in the GPU mode; run it.
+
+    The inputs are GPU-typed and fed GPUArrays: host inputs wrapped in
+    ``host_from_gpu(gpu_from_host(v))`` are cancelled back to ``v``
+    (``local_cancel_host_gpu_host``) and would leave the graph on the host.
+    """
+    from cc2ops.cuda import array
+
+    syms = gpu_inputs(*arrays)
+    outs = build(*[cuda.host_from_gpu(s) for s in syms])
     outs = outs if isinstance(outs, list) else [outs]
     fn = pytensor.function(syms, outs, mode=cuda.mode())
-    return fn, fn(*arrays)
+    return fn, fn(*[array.to_gpu(a, 0) for a in arrays])
 
 
-def assert_gpu_only(fn, allowed=()):
-    host = [
+_SHAPE_OPS = (Shape, Shape_i, GpuShape, GpuShape_i)
+
+
+def _is_shape_value(v, memo):
+    """Whether ``v`` is a host integer (vector) computed from shapes only.
+
+    Constants, and outputs of shape ops, are; any other value is if it is an
+    integer scalar or vector whose every input is. Graph inputs and values
+    derived from array data (a ``host_from_gpu``, a float tensor) are not.
+    """
+    key = id(v)
+    if key in memo:
+        return memo[key]
+    t = v.type
+    ints = getattr(t, "dtype", "") in integer_dtypes and getattr(t, "ndim", 9) <= 1
+    if isinstance(v, Constant):
+        ok = ints or getattr(t, "ndim", 0) == 0
+    elif not ints or v.owner is None:
+        ok = False
+    elif isinstance(v.owner.op, _SHAPE_OPS):
+        ok = True
+    else:
+        memo[key] = False  # cycles cannot occur; this only guards recursion
+        ok = all(_is_shape_value(i, memo) for i in v.owner.inputs)
+    memo[key] = ok
+    return ok
+
+
+def host_data_nodes(fgraph, allowed=()):
+    """Host structural nodes of ``fgraph`` that move array data.
+
+    Integer shape arithmetic on the host (``Join`` / ``Subtensor`` /
+    ``ExpandDims`` of shape vectors, as ``reshape`` and ``flatten`` build)
+    is allowed; a host ``Shape_i`` of a ``host_from_gpu`` output is not, since
+    it needs the array on the host.
+    """
+    memo = {}
+    return [
         n
-        for n in fn.maker.fgraph.apply_nodes
-        if isinstance(n.op, HOST_STRUCTURAL) and not isinstance(n.op, allowed)
+        for n in fgraph.apply_nodes
+        if isinstance(n.op, HOST_STRUCTURAL)
+        and not isinstance(n.op, allowed)
+        and not (
+            not isinstance(n.op, (Shape, Shape_i))
+            and all(_is_shape_value(o, memo) for o in n.outputs)
+        )
     ]
+
+
+def assert_gpu_only(fgraph, allowed=()):
+    host = host_data_nodes(fgraph, allowed)
+    assert not host, [f"{n.op}({', '.join(map(str, n.inputs))})" for n in host]
+
+
+def structural_graph(hx, hy):
+    """A graph of every structural op, for ``x`` (4, 6, 5) and ``y`` (6, 5)."""
+    t = hx.dimshuffle(2, 0, 1)  # (5, 4, 6), a view
+    r = t.reshape((5, 24))  # needs a copy (transpose kernel)
+    s = hx[1:3, ::2].flatten(2)  # views then a copy
+    j = pt.concatenate([hy[None], hx[:2]], axis=0)
+    inc = pt.inc_subtensor(hx[:, 1:4], hy[1:4] * 2)
+    st = pt.set_subtensor(hx[0, :, 2], 7.0)
+    a = pt.zeros((hx.shape[0], 3), dtype="float32") + hx[:, 0, :3]
+    return [r, s, j, inc, st, a, hx.shape]
+
+
+def split_join_assert_graph(hx):
+    """Split (sizes from the shape), join the parts back swapped, assert."""
+    a, b = pt.split(hx, [3, hx.shape[0] - 3], n_splits=2, axis=0)
+    checked = Assert("too short")(hx, hx.shape[0] > 6)
+    return [b * 1, pt.concatenate([b, a], axis=0), checked * 1]
+
+
+def test_structural_graphs_lift_completely():
+    """The GPU tests' graphs (GPU inputs) keep no host op that moves data."""
+    x, y = gvar((None,) * 3, name="x"), gvar((None,) * 2, name="y")
+    fg = lifted(structural_graph(cuda.host_from_gpu(x), cuda.host_from_gpu(y)), True)
+    assert_gpu_only(fg)
+    assert {GpuDimShuffle, GpuReshape, GpuJoin, GpuIncSubtensor} <= op_types(fg)
+    fg = lifted(split_join_assert_graph(cuda.host_from_gpu(y)), True)
+    assert_gpu_only(fg)
+    assert {GpuSplit, GpuJoin, GpuCheckAndRaise} <= op_types(fg)
+
+
+def test_assert_gpu_only_tells_shape_arithmetic_from_data():
+    x = pt.matrix("x")
+    fg = FunctionGraph([x], [x.reshape((x.shape[0] * x.shape[1],))], clone=False)
+    # the reshape and the shape read of the host matrix need the array; the
+    # arithmetic on its shape does not
+    assert {type(n.op) for n in host_data_nodes(fg)} == {Reshape, Shape}
+    iv = pt.lvector("iv")  # an integer vector that is array data
+    fg = FunctionGraph([iv], [pt.concatenate([iv, pt.as_tensor([1])])], clone=False)
+    assert [type(n.op) for n in host_data_nodes(fg)] == [Join]
+    g = gvar((None, None))
+    h = cuda.host_from_gpu(g)
+    new_shape = pt.concatenate([h.shape[:1], pt.as_tensor([-1])])
+    fg = lifted([cuda.gpu_from_host(h.reshape(new_shape, ndim=2), 0)])
+    assert GpuReshape in op_types(fg)
+    assert_gpu_only(fg)
+
+
+def test_verify_grad_graph_lifts_in_float64():
+    """``set_subtensor(y[:, 0], 0.0)`` on float64: the float32 constant is cast."""
+    one = cuda.shared(np.ones((1, 1)), shape=(1, 1), name="one")
+    v = pt.dmatrix("v")
+    out = _grad_graph(v * cuda.host_from_gpu(one))
+    g = pytensor.grad((out * np.ones((4, 4))).sum(), v)
+    fg = lifted([out, g], inplace=True)
+    host = [n for n in host_data_nodes(fg) if not isinstance(n.op, (Shape, Shape_i))]
     assert not host, [str(n.op) for n in host]
+    assert GpuIncSubtensor in op_types(fg)
+
+
+def _grad_graph(h):
+    y = pt.concatenate([h.T[1:3], h.reshape((6, 4))[:2]], axis=0)
+    return pt.set_subtensor(y[:, 0], 0.0) ** 2
 
 
 @pytest.mark.gpu
@@ -429,19 +553,8 @@ def test_strided_assign_set_inc_and_broadcast(debug):
 def test_compiled_structural_graph_matches_numpy(debug):
     x = rng(5).standard_normal((4, 6, 5)).astype("float32")
     y = rng(6).standard_normal((6, 5)).astype("float32")
-
-    def build(hx, hy):
-        t = hx.dimshuffle(2, 0, 1)  # (5, 4, 6), a view
-        r = t.reshape((5, 24))  # needs a copy (transpose kernel)
-        s = hx[1:3, ::2].flatten(2)  # views then a copy
-        j = pt.concatenate([hy[None], hx[:2]], axis=0)
-        inc = pt.inc_subtensor(hx[:, 1:4], hy[1:4] * 2)
-        st = pt.set_subtensor(hx[0, :, 2], 7.0)
-        a = pt.zeros((hx.shape[0], 3), dtype="float32") + hx[:, 0, :3]
-        return [r, s, j, inc, st, a, hx.shape]
-
-    fn, got = gpu_fn(build, x, y)
-    assert_gpu_only(fn)
+    fn, got = gpu_fn(structural_graph, x, y)
+    assert_gpu_only(fn.maker.fgraph)
     inc = x.copy()
     inc[:, 1:4] += y[1:4] * 2
     st = x.copy()
@@ -464,32 +577,33 @@ def test_compiled_structural_graph_matches_numpy(debug):
 
 @pytest.mark.gpu
 def test_split_join_and_assert_at_run_time(debug):
+    from cc2ops.cuda import array
+
     x = rng(7).standard_normal((7, 3)).astype("float32")
-
-    def build(hx):
-        a, b = pt.split(hx, [3, 4], n_splits=2, axis=0)
-        checked = Assert("too short")(hx, hx.shape[0] > 6)
-        return [b * 1, pt.concatenate([b, a], axis=0), checked * 1]
-
-    fn, (b, j, c) = gpu_fn(build, x)
+    fn, (b, j, c) = gpu_fn(split_join_assert_graph, x)
+    assert_gpu_only(fn.maker.fgraph)
     np.testing.assert_array_equal(b, x[3:])
     np.testing.assert_array_equal(j, np.concatenate([x[3:], x[:3]]))
     np.testing.assert_array_equal(c, x)
+    # 5 rows split as [3, 2] (valid), then the assertion fails
     with pytest.raises(AssertionError, match="too short"):
-        fn(x[:5])
+        fn(array.to_gpu(x[:5], 0))
 
 
 @pytest.mark.gpu
 def test_verify_grad_through_structural_gpu_ops():
     x = rng(8).standard_normal((4, 6))
-    mode = cuda.mode()
+    # multiplying by a GPU one puts the graph on the GPU (a bare
+    # host_from_gpu(gpu_from_host(v)) is cancelled back to v);
+    # test_verify_grad_graph_lifts_in_float64 checks the lifted graph
+    one = cuda.shared(np.ones((1, 1)), shape=(1, 1), name="one")
 
     def f(v):
-        h = cuda.host_from_gpu(cuda.gpu_from_host(v, 0))
-        y = pt.concatenate([h.T[1:3], h.reshape((6, 4))[:2]], axis=0)
-        return pt.set_subtensor(y[:, 0], 0.0) ** 2
+        return _grad_graph(v * cuda.host_from_gpu(one))
 
-    verify_grad(f, [x], rng=rng(0), mode=mode, abs_tol=1e-6, rel_tol=1e-6, eps=1e-7)
+    verify_grad(
+        f, [x], rng=rng(0), mode=cuda.mode(), abs_tol=1e-6, rel_tol=1e-6, eps=1e-7
+    )
 
 
 @pytest.mark.gpu

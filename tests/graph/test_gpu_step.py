@@ -10,8 +10,9 @@ linking). Every Apply node that computes on arrays must then be a GPU op:
 - the only GPU->host transfers are of the requested scalar outputs;
 - no host op touches a float array; what may stay on the host is integer
   bookkeeping of at most one dim that never reads a GPU value (shape
-  arithmetic, and the 4-word counter advance of each dropout state,
-  ``DropoutAdvance``);
+  arithmetic; and, only where ``cc2ops.dropout_state`` cannot put a state on
+  the GPU, the 4-word counter advance ``DropoutAdvance`` of each host
+  dropout state: with GPU states the step has no ``DropoutAdvance`` at all);
 - every update of a GPU parameter or velocity is a GPU value.
 
 On failure the offending nodes are printed with their input types. This is
@@ -33,7 +34,12 @@ from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu
 from cc2ops.cuda.type import CudaArrayType, CudaSharedVariable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.step_net import build_step, imagenet_config, small_config  # noqa: E402
+from benchmarks.step_net import (  # noqa: E402
+    build_step,
+    dropout_state_on_gpu,
+    imagenet_config,
+    small_config,
+)
 
 
 def rewritten_step(cfg, **kwargs):
@@ -102,6 +108,18 @@ def check_gpu_step(fgraph, step, shape_scalars=False):
             if not is_output or out.type.ndim != 0:
                 problems.append(f"GPU value pulled to the host: {describe(node)}")
     problems += [f"host array op: {describe(n)}" for n in host_array_nodes(fgraph)]
+    if dropout_state_on_gpu():
+        problems += [
+            f"host dropout counter advance (the state should live on the GPU): "
+            f"{describe(n)}"
+            for n in fgraph.apply_nodes
+            if type(n.op).__name__ == "DropoutAdvance"
+        ]
+        problems += [
+            f"dropout state {s} is not a GPU variable"
+            for s in step.dropout_states
+            if not isinstance(s.type, CudaArrayType)
+        ]
     for out_idx, in_idx in fgraph.update_mapping.items():
         var = fgraph.inputs[in_idx]
         new = fgraph.outputs[out_idx]
@@ -123,10 +141,29 @@ def test_creating_gpu_parameters_does_not_touch_cuda(monkeypatch):
 
     for name in ("to_gpu", "empty", "copy"):
         monkeypatch.setattr(garray, name, forbidden)
-    step = build_step(small_config(), gpu_params=True)
+    step = build_step(small_config(dropout=0.5), gpu_params=True)
     params = list(step.params.values()) + list(step.velocities.values())
     assert all(isinstance(p, CudaSharedVariable) for p in params)
     assert not any(p.is_uploaded for p in params)
+    assert len(step.dropout_states) == 1
+    if dropout_state_on_gpu():
+        (state,) = step.dropout_states
+        assert isinstance(state, CudaSharedVariable) and not state.is_uploaded
+
+
+def test_dropout_step_advances_its_gpu_states_on_the_gpu():
+    cfg = imagenet_config(batch=128)
+    fgraph, step = rewritten_step(cfg, gpu_inputs=True, gpu_outputs=True)
+    assert len(step.dropout_states) == 2
+    advances = [
+        type(n.op).__name__
+        for n in fgraph.apply_nodes
+        if "DropoutAdvance" in type(n.op).__name__
+    ]
+    if dropout_state_on_gpu():
+        assert advances == ["GpuDropoutAdvance"] * 2, advances
+    else:
+        assert advances == ["DropoutAdvance"] * 2, advances
 
 
 @pytest.mark.parametrize(
@@ -135,6 +172,7 @@ def test_creating_gpu_parameters_does_not_touch_cuda(monkeypatch):
         ("imagenet", imagenet_config(batch=128), {}),
         ("imagenet-no-dropout", imagenet_config(batch=128, dropout=0.0), {}),
         ("small", small_config(), {}),
+        ("small-dropout", small_config(dropout=0.5), {}),
         ("small-dynamic-batch", small_config(), {"static_batch": False}),
     ],
     ids=lambda v: v if isinstance(v, str) else "",

@@ -75,9 +75,11 @@ extern "C" __global__ void ${name}(
         for (index_t i = threadIdx.x; i < n; i += ${block})
             outr[i * inner] = cc2_exp(xr[i * inner] - m) * r;
 %   else:
-        const ${T} shift = m + cc2_log(s);
+        // (x - m) - log(s), not x - (m + log(s)): m + log(s) would round to
+        // m's ulp, an absolute error that swamps results near 0
+        const ${T} ls = cc2_log(s);
         for (index_t i = threadIdx.x; i < n; i += ${block})
-            outr[i * inner] = xr[i * inner] - shift;
+            outr[i * inner] = (xr[i * inner] - m) - ls;
 %   endif
 % endif
         // the next row's first reduction rewrites sh only after a barrier
