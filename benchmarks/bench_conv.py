@@ -196,6 +196,25 @@ def main(argv: list[str] | None = None) -> Path:
     iters = min(args.iters, 10) if args.quick else args.iters
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
+
+    def save() -> Path:
+        # rewritten after every layer: a run cut short still leaves its rows
+        return write_results(
+            "conv",
+            rows,
+            torch_peer(),
+            args.out,
+            extra={
+                "timing": (
+                    "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays, pycuda "
+                    "events on cc2ops's stream (no graph overhead); peer: torch "
+                    "events; median"
+                ),
+                "cudnn_benchmark": True,
+                "failures": failures,
+            },
+        )
+
     for batch in batches:
         for precision in precisions:
             for layer in LAYERS:
@@ -207,20 +226,8 @@ def main(argv: list[str] | None = None) -> Path:
                     msg = f"{layer[0]} b{batch} {precision}: {type(e).__name__}: {e}"
                     print(f"bench_conv: FAILED {msg}", flush=True)
                     failures.append(msg)
-    return write_results(
-        "conv",
-        rows,
-        torch_peer(),
-        args.out,
-        extra={
-            "timing": (
-                "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays, pycuda events "
-                "on cc2ops's stream (no graph overhead); peer: torch events; median"
-            ),
-            "cudnn_benchmark": True,
-            "failures": failures,
-        },
-    )
+                save()
+    return save()
 
 
 if __name__ == "__main__":
