@@ -246,10 +246,11 @@ def markdown_table(
 ) -> str:
     """The rows as a markdown table (``columns`` default: the union of keys)."""
     if columns is None:
+        # scalar fields only: lists (per-op breakdowns) stay in the JSON file
         columns = []
         for r in rows:
-            for k in r:
-                if k not in columns:
+            for k, v in r.items():
+                if k not in columns and not isinstance(v, (list, dict, tuple)):
                     columns.append(k)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:

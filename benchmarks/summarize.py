@@ -21,6 +21,25 @@ from common import RESULTS_DIR, markdown_table
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = Path(__file__).resolve().parent / "notes"
 ORDER = ("conv", "layers", "step", "multi_gpu")
+#: The columns shown per benchmark (every field stays in the JSON file).
+COLUMNS = {
+    "conv": (
+        "name", "batch", "pass", "precision", "cc2ops_ms", "peer_ms", "ratio",
+        "tflops", "algorithm",
+    ),
+    "layers": (
+        "name", "pass", "cc2ops_ms", "peer_ms", "ratio", "cc2ops_gbps",
+        "frac_copy_ceiling",
+    ),
+    "step": (
+        "name", "batch", "precision", "dropout", "cc2ops_ms", "peer_ms", "ratio",
+        "images_per_s", "peer_images_per_s",
+    ),
+    "multi_gpu": (
+        "name", "gpus", "scheme", "batch", "precision", "cc2ops_ms", "peer_ms",
+        "images_per_s", "speedup",
+    ),
+}  # fmt: skip
 HEADER = """# Benchmarks
 
 Measured by the scripts in `benchmarks/` (see each script's docstring), cc2ops
@@ -56,7 +75,13 @@ def render(results: Path = RESULTS_DIR) -> str:
             f"{doc['gpu']}, {doc['date']}, commit `{doc['commit'][:10]}`, "
             f"peer {doc['peer']} (`{path.relative_to(ROOT)}`)\n"
         )
-        parts.append(markdown_table(doc["rows"]) + "\n")
+        parts.append(markdown_table(doc["rows"], COLUMNS.get(name)) + "\n")
+        if doc.get("failures"):
+            parts.append(
+                "\nFailed configurations (not timed): "
+                + "; ".join(str(f) for f in doc["failures"])
+                + "\n"
+            )
         note = NOTES / f"{name}.md"
         if note.exists():
             parts.append("\n" + note.read_text().strip() + "\n")
