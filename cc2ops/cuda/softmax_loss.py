@@ -525,7 +525,11 @@ class GpuSoftmaxCrossEntropyGrad(GpuOp):
         host = [as_host(v) for v in inputs]
         host_op = SoftmaxCrossEntropyGrad()
         grads = host_op.pullback(host, [host_op(*host)], [as_host(ggx)])
-        return [_cotangent(v, v.type.dtype, device) for v in grads]
+        # each cotangent takes its input's dtype (a disconnected one passes)
+        return [
+            _cotangent(gv, inp.type.dtype, device)
+            for gv, inp in zip(grads, inputs, strict=True)
+        ]
 
 
 class GpuTopKError(GpuOp):

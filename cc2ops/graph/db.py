@@ -24,9 +24,12 @@ Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
     In-place variants of GPU ops, after ``add_destroy_handler`` and after
     PyTensor's own ``inplace_elemwise``.
 ``cc2ops_transfer_cancel``
-    Inside ``cc2ops_gpu_lift``; also registered at 49.25 under ``fast_run``
-    because cancelling a ``host_from_gpu(gpu_from_host(x))`` pair is always
-    right and only ever matches cc2ops transfer ops.
+    At 49.25 under ``fast_run`` because cancelling a transfer pair is always
+    right and only ever matches cc2ops transfer ops. Inside
+    ``cc2ops_gpu_lift`` every cancelling rule but
+    ``host_from_gpu(gpu_from_host(x)) -> x`` runs too (see
+    :mod:`cc2ops.graph.lift`): that one waits until lifting is done, since an
+    explicit upload is what tells the lifting which data is on the GPU.
 """
 
 from __future__ import annotations
@@ -65,9 +68,6 @@ def register_databases() -> None:
         "fast_run",
         "cc2ops",
         position=FUSE_SOFTMAX_LOSS_POSITION,
-    )
-    gpu_lift_db.register(
-        "cc2ops_transfer_cancel_in_lift", transfer_cancel_db, "cc2ops_gpu"
     )
     optdb.register(
         "cc2ops_gpu_lift",

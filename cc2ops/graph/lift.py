@@ -318,5 +318,12 @@ _CANCEL_RULES = (
 
 for _rule in _CANCEL_RULES:
     transfer_cancel_db.register(_rule.__name__, _rule, "fast_run", "cc2ops_gpu")
+    # Inside the lifting equilibrium, host_from_gpu(gpu_from_host(x)) -> x would
+    # win the race against lifting the consumer of that round trip (the transfer
+    # nodes come first in the graph) and leave the consumer with no GPU
+    # neighbour: an explicit upload is a request to compute on the GPU. The
+    # standalone cancel pass after lifting removes what is left of such pairs.
+    if _rule is not local_cancel_host_gpu_host:
+        gpu_lift_db.register(f"lift_{_rule.__name__}", _rule, "cc2ops_gpu")
 
 gpu_lift_db.register("local_lift_to_gpu", local_lift_to_gpu, "cc2ops_gpu")

@@ -908,9 +908,14 @@ def test_second_derivative_through_gpu_ops():
         y = conv2d(_gpu_in(xv), _gpu_in(wv), stride=2)
         return pytensor.grad((y**2).sum(), wv)
 
+    # the graphs are linear in the perturbed input, so verify_grad's one-sided
+    # differences (eps 1e-7) are limited by rounding of the cost: the host path
+    # needs the same 1e-5 on these shapes
+    tol = dict(abs_tol=1e-5, rel_tol=1e-5)
     for build in (grad_x, grad_w):
         for i in (0, 1):
-            check_grad(build, [x, w], i, label=f"{build.__name__} wrt {i}", mode=mode)
+            label = f"{build.__name__} wrt {i}"
+            check_grad(build, [x, w], i, label=label, mode=mode, tol=tol)
 
 
 @pytest.mark.gpu
