@@ -19,10 +19,26 @@ timed on the host clock with a full device sync (``common.time_host``).
 
 The peer of every row is the K = 1 cc2ops step at the same per-device batch,
 same run (``peer_ms``; ``ratio = cc2ops_ms / peer_ms``,
-``speedup = K * peer_ms / cc2ops_ms``). Communication vs compute time per step
-is not reported: the collectives run inside the step on the cc2ops streams and
-a no-op backend would time a different program, so no honest split is
-measured here.
+``speedup = K * peer_ms / cc2ops_ms``).
+
+Communication vs compute, after all timed rows (a stage of its own: a failure
+there or the time cap keeps every timed row): each configuration's step is
+compiled again with the Python VM (``linker="py"``), each thunk of
+``fn.vm.thunks`` is wrapped to synchronise every device of the configuration
+after it, and over a few steps the synchronised times of the collectives
+(``cc2ops.cuda.comm.GPU_COMM_OPS``: GpuAllGather, GpuReduceScatter,
+GpuAllReduce, GpuBroadcast, GpuReduce) and of all other ops (host-to-device
+upload of the images included) are summed: ``comm_ms_sync``,
+``compute_ms_sync`` (ms per step), ``comm_ops_ms_sync`` (per collective
+class), ``sync_step_ms`` (wall time of the synchronised step). Scheme (b)
+rows also get ``overlap_ms = comm_ms_sync + compute_ms_sync - cc2ops_ms``.
+Synchronising after each op serialises the streams (and adds a launch and a
+sync per op), so that difference is an estimate of the overlap the real,
+unsynchronised step obtains, not a measurement; the same difference on a
+scheme (a) row of the same K (no second stream) shows how much of it is
+per-op sync overhead. On virtual devices the broadcasts are device copies on
+the main stream (the second stream is an NCCL option), so no overlap is
+expected there.
 
 A hard time cap (``--time-cap``, default 90 s with ``--quick``) stops the run
 between or inside configurations; a configuration that fails is recorded under
@@ -41,6 +57,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +85,21 @@ from cc2ops.graph import multi_gpu as mg  # noqa: E402
 
 PAPER_SPEEDUP = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
 PEER = "cc2ops K=1 step, same script, same run, same per-device batch"
+COMM_VS_COMPUTE = (
+    "per row, after the timed rows: the step compiled with the Python VM, the "
+    "devices synchronised after each thunk; comm_ms_sync = collectives "
+    "(GPU_COMM_OPS), compute_ms_sync = all other ops (image upload included), "
+    "ms per step; rows without them: that stage failed or the time cap came"
+)
+NOTES = (
+    "Synchronised per-op times serialise the streams (and add a launch and a "
+    "sync per op), so overlap_ms = comm_ms_sync + compute_ms_sync - cc2ops_ms "
+    "(the measured unsynchronised step time) on scheme (b) rows is an estimate "
+    "of the overlap the real step obtains, not a measurement; the same "
+    "difference on the scheme (a) row of the same K (no second stream) "
+    "estimates the per-op sync overhead in it. On virtual devices broadcasts "
+    "are device copies on the main stream, so no real overlap is expected."
+)
 
 
 class TimeCap(Exception):
@@ -89,12 +122,20 @@ def configurations(n_gpus: int, quick: bool) -> list[tuple[tuple[int, ...], str,
     return runs
 
 
-def make_mode(labels: tuple[int, ...], kind: str, scheme: str) -> Any:
-    """The GPU mode of a configuration (``cc2ops.cuda.mode(devices=...)`` for K > 1)."""
+def make_mode(
+    labels: tuple[int, ...], kind: str, scheme: str, linker: str = "cvm"
+) -> Any:
+    """The GPU mode of a configuration (``cc2ops.cuda.mode(devices=...)`` for K > 1).
+
+    ``linker="py"`` (the Python VM, whose thunk list can be wrapped) is the
+    per-op breakdown's; the timed rows use ``"cvm"``.
+    """
     if len(labels) == 1:
-        return cc2ops.cuda.mode(labels[0])
+        return cc2ops.cuda.mode(labels[0], linker=linker)
     m = cc2ops.cuda.mode(
-        devices=list(labels), comm="virtual" if kind == "virtual" else "auto"
+        devices=list(labels),
+        linker=linker,
+        comm="virtual" if kind == "virtual" else "auto",
     )
     if scheme == "b":
         m.backend.bcast_stream = "comm"  # NCCL: broadcasts on a second stream
@@ -205,6 +246,149 @@ def _on_cap(signum, frame):
     raise TimeCap("time cap reached")
 
 
+class SyncedSplit:
+    """Communication vs other time of a Python-VM function, synchronised per thunk.
+
+    Wraps ``fn.vm.thunks`` once (the Python VMs call them through that list,
+    as in ``benchmarks/bench_step.py``): each thunk is followed by ``sync()``
+    and its wall time goes to its op class; ``is_comm(op)`` says which ops
+    are collectives.
+    """
+
+    def __init__(
+        self, fn: Any, is_comm: Callable[[Any], bool], sync: Callable[[], None]
+    ) -> None:
+        vm = fn.vm
+        if not hasattr(vm, "thunks") or not hasattr(vm, "nodes"):
+            raise TypeError(f"SyncedSplit: {type(vm).__name__} has no thunk list")
+        self.fn, self.sync = fn, sync
+        self.acc: dict[str, float] = defaultdict(float)
+        self.comm_classes: set[str] = set()
+        for n in vm.nodes:
+            if is_comm(n.op):
+                self.comm_classes.add(type(n.op).__name__)
+        vm.thunks = [
+            self._wrap(t, type(n.op).__name__)
+            for t, n in zip(vm.thunks, vm.nodes, strict=True)
+        ]
+
+    def _wrap(self, thunk: Callable, key: str) -> Callable:
+        acc, sync = self.acc, self.sync
+
+        def run() -> Any:
+            t0 = time.perf_counter()
+            out = thunk()
+            sync()
+            acc[key] += time.perf_counter() - t0
+            return out
+
+        for attr in ("inputs", "outputs", "lazy", "perform"):
+            if hasattr(thunk, attr):
+                setattr(run, attr, getattr(thunk, attr))
+        return run
+
+    def run(self, args: tuple, steps: int) -> dict[str, Any]:
+        """Per-step ms: ``comm_ms_sync``, ``compute_ms_sync``, per comm class, wall."""
+        self.fn(*args)  # warm-up: kernels loaded, pools filled
+        self.sync()
+        self.acc.clear()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.fn(*args)
+        self.sync()
+        wall = time.perf_counter() - t0
+        comm = {
+            k: 1e3 * v / steps for k, v in self.acc.items() if k in self.comm_classes
+        }
+        other = sum(v for k, v in self.acc.items() if k not in self.comm_classes)
+        return {
+            "comm_ms_sync": sum(comm.values()),
+            "compute_ms_sync": 1e3 * other / steps,
+            "comm_ops_ms_sync": dict(sorted(comm.items())),
+            "sync_step_ms": 1e3 * wall / steps,
+        }
+
+
+def _device_sync(labels: tuple[int, ...]) -> Callable[[], None]:
+    """Synchronise the main stream of every physical device behind ``labels``.
+
+    Enough for the scheme-(b) second stream too: a broadcast on it makes the
+    main stream wait on an event recorded after it.
+    """
+    from cc2ops.cuda.device import get_device
+
+    devs = {}
+    for d in labels:
+        dev = get_device(d)
+        devs.setdefault(dev.index, dev)
+    devices = list(devs.values())
+
+    def sync() -> None:
+        for dev in devices:
+            dev.synchronize()
+
+    return sync
+
+
+def breakdown(
+    done: list[tuple[dict[str, Any], tuple[int, ...], str, str]],
+    cfg_of: Callable[[int], Any],
+    steps: int,
+    failures: list[str],
+) -> None:
+    """Add the comm vs compute fields to each measured row (module docstring).
+
+    Never raises: a failing configuration is recorded in ``failures`` and the
+    next one runs; the time cap ends the stage. A row gets its new fields only
+    when its breakdown completed.
+    """
+    from cc2ops.cuda.comm import GPU_COMM_OPS
+
+    r = np.random.default_rng(1)
+    for row, labels, kind, scheme in done:
+        k = len(labels)
+        try:
+            cfg = cfg_of(k)
+            params = init_params(cfg, seed=0)
+            images = r.normal(size=(cfg.batch, cfg.channels, cfg.image, cfg.image))
+            images = images.astype(cfg.dtype)
+            targets = r.integers(0, cfg.classes, cfg.batch).astype("int32")
+            mode = make_mode(labels, kind, scheme, linker="py")
+            ins, loss, updates, _, _ = build(cfg, params, mode, labels, scheme)
+            fn = pytensor.function(ins, loss, updates=updates, mode=mode)
+            split = SyncedSplit(
+                fn, lambda op: isinstance(op, GPU_COMM_OPS), _device_sync(labels)
+            )
+            got = split.run((images, targets), steps)
+            got["breakdown_steps"] = steps
+            if scheme == "b" and k > 1:
+                got["overlap_ms"] = (
+                    got["comm_ms_sync"] + got["compute_ms_sync"] - row["cc2ops_ms"]
+                )
+            row.update(got)
+            ov = got.get("overlap_ms")
+            ov_s = "" if ov is None else f"; overlap estimate {ov:.2f} ms"
+            print(
+                f"breakdown K={k} {kind:8s} scheme {scheme}: comm "
+                f"{got['comm_ms_sync']:8.2f} ms + compute "
+                f"{got['compute_ms_sync']:8.2f} ms (synchronised per op; "
+                f"{got['sync_step_ms']:.2f} ms/step so) vs {row['cc2ops_ms']:.2f} "
+                f"ms/step{ov_s}",
+                flush=True,
+            )
+        except TimeCap:
+            failures.append(
+                "time cap reached in the comm/compute breakdown; later rows lack it"
+            )
+            print(failures[-1], flush=True)
+            return
+        except Exception as exc:  # keep the rows; note it, go on
+            msg = f"breakdown K={k} {kind} scheme {scheme}: "
+            msg += f"{type(exc).__name__}: {exc}"
+            failures.append(msg[:2000])
+            print("FAILED", msg[:2000], flush=True)
+
+
 def dry_run(args, runs, cfg_of) -> None:
     """Build and rewrite every configuration without a GPU; check the row format."""
     from collections import Counter
@@ -236,8 +420,54 @@ def dry_run(args, runs, cfg_of) -> None:
         )
         if k > 1 and not comm:
             raise AssertionError(f"K={k}: the rewritten graph has no GPU collectives")
-        _check_row(make_row(k, kind, scheme, cfg.batch // k, 1.0, 1.0, 0.0, "tf32"))
+        py = make_mode(labels, kind, scheme, linker="py")
+        if getattr(py.linker, "use_cloop", True):
+            raise AssertionError(f"K={k}: the breakdown mode is not the Python VM")
+        row = make_row(k, kind, scheme, cfg.batch // k, 1.0, 1.0, 0.0, "tf32")
+        row.update(
+            comm_ms_sync=0.4,
+            compute_ms_sync=0.8,
+            comm_ops_ms_sync={"GpuAllReduce": 0.4},
+            sync_step_ms=1.3,
+            breakdown_steps=2,
+        )
+        if scheme == "b":
+            row["overlap_ms"] = 0.2
+        _check_row(row)
+    split_selfcheck()
     print("dry-run: all configurations built and rewritten; rows well-formed")
+
+
+def split_selfcheck() -> None:
+    """:class:`SyncedSplit` on a small CPU function in PyTensor's Python VM.
+
+    The "collective" is the ``Sum``; checks that the wrapped thunks run, give
+    the right value and that both sides of the split are timed.
+    """
+    from pytensor.compile.mode import Mode
+    from pytensor.link.vm import VMLinker
+    from pytensor.tensor.math import Sum
+
+    x = pt.dvector("x")
+    m = Mode(linker=VMLinker(use_cloop=False, c_thunks=False), optimizer="fast_run")
+    fn = pytensor.function([x], pt.exp(x * 2.0).sum(), mode=m)
+    syncs = []
+    split = SyncedSplit(fn, lambda op: isinstance(op, Sum), lambda: syncs.append(1))
+    xv = np.linspace(0.0, 1.0, 1000)
+    got = split.run((xv,), 3)
+    if not np.isclose(float(fn(xv)), np.exp(2.0 * xv).sum()):
+        raise AssertionError("SyncedSplit: the wrapped function's value changed")
+    n = len(fn.vm.nodes)
+    if len(syncs) != 2 + 5 * n:  # 5 calls (warm-up, 3 steps, check), 2 bare
+        raise AssertionError(f"SyncedSplit: {len(syncs)} syncs for {n} thunks")
+    if not (got["comm_ms_sync"] > 0 and got["compute_ms_sync"] > 0):
+        raise AssertionError(f"SyncedSplit: a side of the split is empty: {got}")
+    if set(got["comm_ops_ms_sync"]) != {"Sum"}:
+        raise AssertionError(f"SyncedSplit: comm classes {got['comm_ops_ms_sync']}")
+    print(
+        f"dry-run: SyncedSplit on a {n}-thunk CPU Python-VM function: "
+        f"comm {got['comm_ms_sync']:.4f} ms, other {got['compute_ms_sync']:.4f} ms"
+    )
 
 
 def main(argv=None) -> None:
@@ -289,6 +519,7 @@ def main(argv=None) -> None:
         r = np.random.default_rng(0)
         base_ms: float | None = None
         ref_data: tuple | None = None
+        done: list[tuple[dict[str, Any], tuple[int, ...], str, str]] = []
         for labels, kind, scheme in runs:
             k = len(labels)
             try:
@@ -344,6 +575,7 @@ def main(argv=None) -> None:
                     k, kind, scheme, per_gpu, ms, base_ms, compile_s, precision
                 )
                 rows.append(row)
+                done.append((row, labels, kind, scheme))
                 sp = row["speedup"]
                 print(
                     f"K={k} {kind:8s} scheme {scheme}: {ms:8.2f} ms/step "
@@ -359,6 +591,8 @@ def main(argv=None) -> None:
                 msg = f"K={k} {kind} scheme {scheme}: {type(exc).__name__}: {exc}"
                 failures.append(msg[:2000])
                 print("FAILED", msg[:2000], flush=True)
+        # after every timed row: comm vs compute per step (never raises)
+        breakdown(done, cfg_of, 2 if args.quick else 5, failures)
     except TimeCap:
         failures.append(
             f"time cap of {cap:.0f} s reached; later configurations skipped"
@@ -379,7 +613,8 @@ def main(argv=None) -> None:
                 "per_gpu_batch": per_gpu,
                 "paper_speedup": PAPER_SPEEDUP,
                 "wall_s": round(time.monotonic() - start, 1),
-                "comm_vs_compute": "not measured (no honest split inside one step)",
+                "comm_vs_compute": COMM_VS_COMPUTE,
+                "notes": NOTES,
                 "failures": failures,
             },
         )
