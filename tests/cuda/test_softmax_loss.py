@@ -106,6 +106,18 @@ def test_grad_of_grad_builds():
     assert all(v.type.ndim == 2 and v.type.dtype == "float64" for v in gg)
 
 
+def test_grad_of_grad_with_int_labels_builds():
+    # the labels' cotangent is disconnected: the GPU gradient op's pullback
+    # must pass it through (it once asked a DisconnectedType for its dtype)
+    x = gvar(dtype="float64")
+    y = CudaArrayType("int64", (None,), 0)("y")
+    g = GpuSoftmaxCrossEntropyGrad()(gvar((None,), dtype="float64", name="g"), x, y)
+    gx = pytensor.grad((cuda.host_from_gpu(g) ** 2).sum(), x)
+    assert gx.type.ndim == 2 and gx.type.dtype == "float64"
+    with pytest.raises(pytensor.gradient.DisconnectedInputError):
+        pytensor.grad((cuda.host_from_gpu(g) ** 2).sum(), y)
+
+
 def test_make_node_errors_and_shapes():
     f = GpuSoftmaxCrossEntropy()
     with pytest.raises(TypeError, match="GpuSoftmaxCrossEntropy: logits must be a GPU"):
