@@ -635,6 +635,30 @@ class _MaxPoolBackward(_Pool):
         out_shape = pooled if self._out_pooled else image
         return Apply(self, [x, y, t], [pt.tensor(dtype=dtype, shape=out_shape)])
 
+    def _adjoint(self) -> _MaxPoolBackward:
+        """The op whose linear map in ``t`` is this one's transpose."""
+        raise NotImplementedError
+
+    # Both backward ops are linear in ``t`` and piecewise constant in ``x`` and
+    # ``y`` (they change only where a window's argmax moves, a set of measure
+    # zero): the pullback wrt ``t`` is the adjoint op, wrt ``x`` and ``y`` zeros;
+    # the pushforward is the op itself applied to ``t``'s tangent.
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, y, _ = inputs
+        (g,) = cotangents
+        gt = self._adjoint()(x, y, _as_dtype(g, x.type.dtype))
+        return [x.zeros_like(), y.zeros_like(), gt]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, y, _ = inputs
+        dt = tangents[2]
+        if _disconnected(dt):
+            if all(_disconnected(t) for t in tangents):
+                return [disconnected_type()]
+            return [outputs[0].zeros_like()]
+        return [type(self)(**self._params())(x, y, _as_dtype(dt, x.type.dtype))]
+
 
 class MaxPoolGrad(_MaxPoolBackward):
     """Gradient of :class:`MaxPool` wrt its images: ``(x, y, gy) -> gx``.
@@ -672,20 +696,8 @@ class MaxPoolGrad(_MaxPoolBackward):
     def _infer_shape(self, node, input_shapes):
         return [input_shapes[0]]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, y, _ = inputs
-        (ggx,) = cotangents
-        ggy = MaxPoolGradGrad(**self._params())(x, y, _as_dtype(ggx, x.type.dtype))
-        return [x.zeros_like(), y.zeros_like(), ggy]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, y, _ = inputs
-        dgy = tangents[2]
-        if _disconnected(dgy):
-            if all(_disconnected(t) for t in tangents):
-                return [disconnected_type()]
-            return [outputs[0].zeros_like()]
-        return [MaxPoolGrad(**self._params())(x, y, _as_dtype(dgy, x.type.dtype))]
+    def _adjoint(self) -> _MaxPoolBackward:
+        return MaxPoolGradGrad(**self._params())
 
 
 class MaxPoolGradGrad(_MaxPoolBackward):
@@ -720,20 +732,8 @@ class MaxPoolGradGrad(_MaxPoolBackward):
     def _infer_shape(self, node, input_shapes):
         return [self._symbolic_pooled(input_shapes[0])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, y, _ = inputs
-        (g,) = cotangents
-        gx = MaxPoolGrad(**self._params())(x, y, _as_dtype(g, x.type.dtype))
-        return [x.zeros_like(), y.zeros_like(), gx]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, y, _ = inputs
-        dggx = tangents[2]
-        if _disconnected(dggx):
-            if all(_disconnected(t) for t in tangents):
-                return [disconnected_type()]
-            return [outputs[0].zeros_like()]
-        return [MaxPoolGradGrad(**self._params())(x, y, _as_dtype(dggx, x.type.dtype))]
+    def _adjoint(self) -> _MaxPoolBackward:
+        return MaxPoolGrad(**self._params())
 
 
 class AvgPool(_Pool):
