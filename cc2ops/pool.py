@@ -40,9 +40,9 @@ from cc2ops._op import FLOAT_DTYPES, Cc2Op, float_tensor, int_tensor, same_dtype
 from cc2ops.layout import axes_doc, check_layout, images_from_bc01, images_to_bc01
 from cc2ops.shapes import (
     check_pool_params,
-    pair,
     pool_output_length,
     pool_output_shape,
+    pool_params,
     pool_window_bounds,
 )
 
@@ -70,15 +70,6 @@ _BC01 = "(B, C, H, W)"
 # --------------------------------------------------------------------------
 # numpy references
 # --------------------------------------------------------------------------
-
-
-def _params(size, stride, start, op: str) -> tuple[Pair, Pair, Pair]:
-    """Normalised, validated ``(size, stride, start)``; stride defaults to size."""
-    size = pair(size, "size", op)
-    stride = size if stride is None else pair(stride, "stride", op)
-    start = pair(start, "start", op)
-    check_pool_params(op, size, stride, start)
-    return size, stride, start
 
 
 def _describe(size: Pair, stride: Pair, start: Pair) -> str:
@@ -174,7 +165,7 @@ class _Plan:
 
 
 def _max_pool(x, size, stride, start, op: str) -> np.ndarray:
-    size, stride, start = _params(size, stride, start, op)
+    size, stride, start = pool_params(size, stride, start, op)
     x = _array(op, "images", x)
     _pooled_shape(op, x.shape, size, stride, start)
     plan = _Plan(x.shape[2:], size, stride, start)
@@ -201,7 +192,7 @@ def _first_hits(plan: _Plan, xp: np.ndarray, y: np.ndarray) -> Iterator[tuple]:
 
 
 def _max_inputs(op, x, y, other, other_role, other_is_pooled, size, stride, start):
-    size, stride, start = _params(size, stride, start, op)
+    size, stride, start = pool_params(size, stride, start, op)
     x = _array(op, "images", x)
     y = _array(op, "pooled output", y)
     other = _array(op, other_role, other)
@@ -251,7 +242,7 @@ def _max_pool_grad_grad(x, y, ggx, size, stride, start, op: str) -> np.ndarray:
 
 
 def _avg_pool(x, size, stride, start, op: str) -> np.ndarray:
-    size, stride, start = _params(size, stride, start, op)
+    size, stride, start = pool_params(size, stride, start, op)
     x = _array(op, "images", x)
     _pooled_shape(op, x.shape, size, stride, start)
     plan = _Plan(x.shape[2:], size, stride, start)
@@ -278,7 +269,7 @@ def _hw_pair(op: str, image_hw) -> Pair:
 
 
 def _avg_pool_grad(gy, image_hw, size, stride, start, op: str) -> np.ndarray:
-    size, stride, start = _params(size, stride, start, op)
+    size, stride, start = pool_params(size, stride, start, op)
     gy = _array(op, "output gradient", gy)
     h, w = _hw_pair(op, image_hw)
     image_shape = (gy.shape[0], gy.shape[1], h, w)
@@ -498,10 +489,17 @@ def _disconnected(v) -> bool:
     return isinstance(v.type, DisconnectedType)
 
 
-class _Pool(Cc2Op):
-    """Parameters, validation and shape rules shared by the pooling ops."""
+class PoolGeometry:
+    """Parameters and shape rules of the pooling ops, host and GPU alike.
 
-    __props__ = ("size", "stride", "start")
+    A mixin for op classes with ``__props__ = ("size", "stride", "start")``
+    (declared on the op class itself, where PyTensor builds equality and
+    hashing from it); :mod:`cc2ops.cuda.pool` shares it.
+    """
+
+    size: Pair
+    stride: Pair
+    start: Pair
 
     def __init__(
         self,
@@ -510,7 +508,7 @@ class _Pool(Cc2Op):
         stride: IntOrPair | None = None,
         start: IntOrPair = 0,
     ):
-        self.size, self.stride, self.start = _params(
+        self.size, self.stride, self.start = pool_params(
             size, stride, start, type(self).__name__
         )
 
@@ -555,6 +553,12 @@ class _Pool(Cc2Op):
                 f"shape {tuple(want)} of images {tuple(image_shape)} with "
                 f"{_describe(self.size, self.stride, self.start)}"
             )
+
+
+class _Pool(PoolGeometry, Cc2Op):
+    """The host pooling ops' base: :class:`PoolGeometry` plus the op machinery."""
+
+    __props__ = ("size", "stride", "start")
 
 
 class MaxPool(_Pool):

@@ -53,6 +53,7 @@ __all__ = [
     "pool_output_length",
     "pool_output_shape",
     "check_pool_params",
+    "pool_params",
     "pool_window_bounds",
     "cross_map_window_bounds",
     "check_cross_map_params",
@@ -230,6 +231,22 @@ def conv_flops(
 # --------------------------------------------------------------------------
 # pooling
 # --------------------------------------------------------------------------
+
+
+def pool_params(
+    size: Any, stride: Any, start: Any, op: str
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Normalised, validated ``(size, stride, start)`` pairs; stride defaults to size.
+
+    The one place the pooling ops (host and GPU) and their launchers read
+    their parameters: ints become pairs, ``stride=None`` is ``size``, and
+    :func:`check_pool_params` validates them.
+    """
+    size = pair(size, "size", op)
+    stride = size if stride is None else pair(stride, "stride", op)
+    start = pair(start, "start", op)
+    check_pool_params(op, size, stride, start)
+    return size, stride, start
 
 
 def check_pool_params(

@@ -40,12 +40,18 @@ from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_var
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.lift import register_lift, to_gpu
-from cc2ops.pool import AvgPool, AvgPoolGrad, MaxPool, MaxPoolGrad, MaxPoolGradGrad
+from cc2ops.pool import (
+    AvgPool,
+    AvgPoolGrad,
+    MaxPool,
+    MaxPoolGrad,
+    MaxPoolGradGrad,
+    PoolGeometry,
+    _merge,
+)
 from cc2ops.shapes import (
-    check_pool_params,
-    pair,
-    pool_output_length,
     pool_output_shape,
+    pool_params,
 )
 
 __all__ = [
@@ -171,16 +177,6 @@ def _index_args(image: tuple, pooled: tuple) -> tuple[bool, list[Any]]:
     ]
 
 
-def _norm_params(
-    op: str, size: Any, stride: Any, start: Any
-) -> tuple[Pair, Pair, Pair]:
-    size = pair(size, "size", op)
-    stride = size if stride is None else pair(stride, "stride", op)
-    start = pair(start, "start", op)
-    check_pool_params(op, size, stride, start)
-    return size, stride, start
-
-
 def _check_array(op: str, role: str, a: Any) -> None:
     if len(a.shape) != 4:
         raise ValueError(f"{op}: {role} must have 4 dims {_BC01}, got {len(a.shape)}")
@@ -215,7 +211,7 @@ def max_pool_forward(
     Launched on ``device``'s stream (asynchronous). ``x`` may be a strided
     view (it is made contiguous first).
     """
-    size, stride, start = _norm_params(op, size, stride, start)
+    size, stride, start = pool_params(size, stride, start, op)
     _check_array(op, "images", x)
     x = array.ascontiguous(x, device)
     shape = tuple(int(s) for s in x.shape)
@@ -240,7 +236,7 @@ def _max_backward(
     device: int,
     op: str,
 ) -> Any:
-    size, stride, start = _norm_params(op, size, stride, start)
+    size, stride, start = pool_params(size, stride, start, op)
     for role, a in (("images", x), ("pooled output", y), (t_role, t)):
         _check_array(op, role, a)
     if not x.dtype == y.dtype == t.dtype:
@@ -319,7 +315,7 @@ def avg_pool_forward(
 ) -> Any:
     """Average pooling of a GPUArray ``x`` (B, C, H, W) over clipped windows;
     returns ``y`` (B, C, Ho, Wo), each window divided by its pixel count."""
-    size, stride, start = _norm_params(op, size, stride, start)
+    size, stride, start = pool_params(size, stride, start, op)
     _check_array(op, "images", x)
     x = array.ascontiguous(x, device)
     shape = tuple(int(s) for s in x.shape)
@@ -344,7 +340,7 @@ def avg_pool_grad(
     """Gradient of average pooling: ``gy`` (B, C, Ho, Wo) and the image size
     ``(H, W)`` give ``gx`` (B, C, H, W), each pixel summing ``gy / count`` over
     the windows that hold it."""
-    size, stride, start = _norm_params(op, size, stride, start)
+    size, stride, start = pool_params(size, stride, start, op)
     _check_array(op, "output gradient", gy)
     hw = np.asarray(image_hw)
     if hw.dtype.kind not in "iu":
@@ -406,64 +402,11 @@ def _disconnected(v: Any) -> bool:
     return isinstance(getattr(v, "type", None), DisconnectedType)
 
 
-def _merge(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
-    out = []
-    for dims in zip(*shapes, strict=True):
-        known = [d for d in dims if d is not None]
-        out.append(known[0] if known else None)
-    return tuple(out)
-
-
-class _GpuPool(GpuOp):
-    """Parameters, validation and shape rules shared by the GPU pooling ops."""
+class _GpuPool(PoolGeometry, GpuOp):
+    """The GPU pooling ops' base: the host ops' :class:`~cc2ops.pool.PoolGeometry`
+    (parameters, validation, shape rules) plus the GPU op machinery."""
 
     __props__ = ("size", "stride", "start")
-
-    def __init__(self, *, size: Any, stride: Any = None, start: Any = 0) -> None:
-        self.size, self.stride, self.start = _norm_params(
-            type(self).__name__, size, stride, start
-        )
-
-    @property
-    def _name(self) -> str:
-        return type(self).__name__
-
-    def _params(self) -> dict[str, Pair]:
-        return dict(size=self.size, stride=self.stride, start=self.start)
-
-    def _static_pooled(self, image_shape: Sequence[int | None]) -> tuple:
-        check_pool_params(
-            self._name, self.size, self.stride, self.start, tuple(image_shape[2:])
-        )
-        hw = tuple(
-            None if n is None else int(pool_output_length(n, k, s, st))
-            for n, k, s, st in zip(
-                image_shape[2:], self.size, self.stride, self.start, strict=True
-            )
-        )
-        return (image_shape[0], image_shape[1], *hw)
-
-    def _symbolic_pooled(self, image_shape: Sequence) -> tuple:
-        b, c, h, w = image_shape
-        return (
-            b,
-            c,
-            pool_output_length(h, self.size[0], self.stride[0], self.start[0]),
-            pool_output_length(w, self.size[1], self.stride[1], self.start[1]),
-        )
-
-    def _check_static(
-        self, role: str, got: Sequence, want: Sequence, image_shape: Sequence
-    ) -> None:
-        if any(
-            g is not None and w is not None and g != w
-            for g, w in zip(got, want, strict=True)
-        ):
-            raise ValueError(
-                f"{self._name}: {role} shape {tuple(got)} does not match the pooled "
-                f"shape {tuple(want)} of images {tuple(image_shape)} with size "
-                f"{self.size}, stride {self.stride}, start {self.start}"
-            )
 
 
 class GpuMaxPool(_GpuPool):
