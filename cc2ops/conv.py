@@ -151,6 +151,44 @@ def _check_batch(op: str, images_b: int | None, grad_b: int | None) -> None:
         )
 
 
+def _image_acts_shape(
+    op: str,
+    dy_shape: Sequence[int | None],
+    w_shape: Sequence[int | None],
+    hw: tuple[int | None, int | None],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> tuple[int | None, ...]:
+    """Validated static (B, C, H, W) of ``ImageActs(dy, w, hw)`` (host and GPU)."""
+    _check_hw_values(op, "image_hw", hw)
+    b, f, ho, wo = dy_shape
+    _check_filter_count(op, f, w_shape[0])
+    check_conv_shapes(op, (b, None, *hw), w_shape, stride, padding, groups)
+    _check_gradient_hw(op, (ho, wo), hw, w_shape[2:], stride, padding)
+    cg = w_shape[1]
+    return (b, None if cg is None else cg * groups, *hw)
+
+
+def _weight_acts_shape(
+    op: str,
+    x_shape: Sequence[int | None],
+    dy_shape: Sequence[int | None],
+    khw: tuple[int | None, int | None],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> tuple[int | None, ...]:
+    """Validated static (F, C/groups, kh, kw) of ``WeightActs(x, dy, khw)``."""
+    _check_hw_values(op, "filter_hw", khw)
+    b, c, h, wd = x_shape
+    _check_batch(op, b, dy_shape[0])
+    f = dy_shape[1]
+    check_conv_shapes(op, x_shape, (f, None, *khw), stride, padding, groups)
+    _check_gradient_hw(op, dy_shape[2:], (h, wd), khw, stride, padding)
+    return (f, None if c is None else c // groups, *khw)
+
+
 def _hw_pair(op: str, role: str, value: Any) -> tuple[int, int]:
     """A run-time (H, W) / (kh, kw) value as a validated pair of ints."""
     arr = np.asarray(value)
@@ -598,18 +636,15 @@ class ImageActs(_ConvOp):
         w = float_tensor(op, "filters", w, 4, FILTER_AXES)
         dtype = same_dtype(op, gradient=dy, filters=w)
         image_hw = _hw_vector(op, "image_hw", image_hw, "(H, W)")
-        hw = _static_pair(image_hw)
-        _check_hw_values(op, "image_hw", hw)
-        b, f, ho, wo = dy.type.shape
-        _check_filter_count(op, f, w.type.shape[0])
-        check_conv_shapes(
-            op, (b, None, *hw), w.type.shape, self.stride, self.padding, self.groups
+        shape = _image_acts_shape(
+            op,
+            dy.type.shape,
+            w.type.shape,
+            _static_pair(image_hw),
+            self.stride,
+            self.padding,
+            self.groups,
         )
-        _check_gradient_hw(
-            op, (ho, wo), hw, w.type.shape[2:], self.stride, self.padding
-        )
-        cg = w.type.shape[1]
-        shape = (b, None if cg is None else cg * self.groups, *hw)
         return Apply(self, [dy, w, image_hw], [pt.tensor(dtype=dtype, shape=shape)])
 
     def perform(self, node, inputs, output_storage):
@@ -678,18 +713,15 @@ class WeightActs(_ConvOp):
         dy = float_tensor(op, "gradient", dy, 4, GRADIENT_AXES)
         dtype = same_dtype(op, images=x, gradient=dy)
         filter_hw = _hw_vector(op, "filter_hw", filter_hw, "(kh, kw)")
-        khw = _static_pair(filter_hw)
-        _check_hw_values(op, "filter_hw", khw)
-        b, c, h, wd = x.type.shape
-        _check_batch(op, b, dy.type.shape[0])
-        f = dy.type.shape[1]
-        check_conv_shapes(
-            op, x.type.shape, (f, None, *khw), self.stride, self.padding, self.groups
+        shape = _weight_acts_shape(
+            op,
+            x.type.shape,
+            dy.type.shape,
+            _static_pair(filter_hw),
+            self.stride,
+            self.padding,
+            self.groups,
         )
-        _check_gradient_hw(
-            op, dy.type.shape[2:], (h, wd), khw, self.stride, self.padding
-        )
-        shape = (f, None if c is None else c // self.groups, *khw)
         return Apply(self, [x, dy, filter_hw], [pt.tensor(dtype=dtype, shape=shape)])
 
     def perform(self, node, inputs, output_storage):

@@ -73,11 +73,12 @@ from cc2ops.conv import (
     _check_batch,
     _check_filter_count,
     _check_gradient_hw,
-    _check_hw_values,
     _hw_pair,
     _hw_vector,
+    _image_acts_shape,
     _params,
     _static_pair,
+    _weight_acts_shape,
 )
 from cc2ops.cuda.compile import register_namer, register_variants
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
@@ -1268,18 +1269,15 @@ class GpuImageActs(_GpuConvGrad):
         device = common_device(op, dy, w, *accs)
         dtype = _same_dtype(op, gradient=dy, filters=w)
         image_hw = _hw_vector(op, "image_hw", image_hw, "(H, W)")
-        hw = _static_pair(image_hw)
-        _check_hw_values(op, "image_hw", hw)
-        b, f, ho, wo = dy.type.shape
-        _check_filter_count(op, f, w.type.shape[0])
-        check_conv_shapes(
-            op, (b, None, *hw), w.type.shape, self.stride, self.padding, self.groups
+        shape = _image_acts_shape(
+            op,
+            dy.type.shape,
+            w.type.shape,
+            _static_pair(image_hw),
+            self.stride,
+            self.padding,
+            self.groups,
         )
-        _check_gradient_hw(
-            op, (ho, wo), hw, w.type.shape[2:], self.stride, self.padding
-        )
-        cg = w.type.shape[1]
-        shape = (b, None if cg is None else cg * self.groups, *hw)
         if accs:
             shape = _check_acc(op, accs[0], shape, dtype)
         out = CudaArrayType(dtype, shape, device)()
@@ -1357,18 +1355,15 @@ class GpuWeightActs(_GpuConvGrad):
         device = common_device(op, x, dy, *accs)
         dtype = _same_dtype(op, images=x, gradient=dy)
         filter_hw = _hw_vector(op, "filter_hw", filter_hw, "(kh, kw)")
-        khw = _static_pair(filter_hw)
-        _check_hw_values(op, "filter_hw", khw)
-        b, c, h, wd = x.type.shape
-        _check_batch(op, b, dy.type.shape[0])
-        f = dy.type.shape[1]
-        check_conv_shapes(
-            op, x.type.shape, (f, None, *khw), self.stride, self.padding, self.groups
+        shape = _weight_acts_shape(
+            op,
+            x.type.shape,
+            dy.type.shape,
+            _static_pair(filter_hw),
+            self.stride,
+            self.padding,
+            self.groups,
         )
-        _check_gradient_hw(
-            op, dy.type.shape[2:], (h, wd), khw, self.stride, self.padding
-        )
-        shape = (f, None if c is None else c // self.groups, *khw)
         if accs:
             shape = _check_acc(op, accs[0], shape, dtype)
         out = CudaArrayType(dtype, shape, device)()
