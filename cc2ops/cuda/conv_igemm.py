@@ -60,8 +60,8 @@ Interface
 ---------
 The conv GPU ops (``cc2ops.cuda.conv``) call :func:`supports`,
 :func:`variants` and :func:`filter_acts` / :func:`image_acts` /
-:func:`weight_acts` as autotuner candidates. ``geometry`` is any object with
-the attributes of :class:`Geometry` (``cc2ops.cuda.conv.ConvGeometry``).
+:func:`weight_acts` as autotuner candidates. ``geometry`` is a
+:class:`cc2ops.cuda.conv.ConvGeometry`.
 
 The index arithmetic of the kernels is written down here once more, in numpy
 (:func:`a_offset`, :func:`b_offset`, :func:`c_offset`, :func:`fastdiv`,
@@ -87,16 +87,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from cc2ops.cuda.compile import register_namer, register_variants
+from cc2ops.cuda.conv import ConvGeometry
 
 __all__ = [
     "OPS",
     "PRECISIONS",
-    "Geometry",
     "TileConfig",
     "TILES",
     "Plan",
@@ -131,25 +131,6 @@ _SPLIT = {"tf32": 1, "fp32": 3}
 _INDEX_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535
 _REDUCE_BLOCK = 256
-
-
-class Geometry(Protocol):
-    """What the kernels read from a convolution geometry (bc01, per pass)."""
-
-    batch: int
-    channels: int
-    height: int
-    width: int
-    filters: int
-    kh: int
-    kw: int
-    stride_h: int
-    stride_w: int
-    pad_h: int
-    pad_w: int
-    groups: int
-    out_h: int
-    out_w: int
 
 
 @dataclass(frozen=True)
@@ -255,7 +236,7 @@ TILES = (
 # --------------------------------------------------------------------------
 
 
-def _dims(g: Geometry) -> dict[str, int]:
+def _dims(g: ConvGeometry) -> dict[str, int]:
     return dict(
         B=int(g.batch),
         C=int(g.channels),
@@ -276,7 +257,7 @@ def _dims(g: Geometry) -> dict[str, int]:
     )
 
 
-def gemm_shape(op: str, g: Geometry) -> tuple[int, int, int]:
+def gemm_shape(op: str, g: ConvGeometry) -> tuple[int, int, int]:
     """``(M, N, K)`` of one group's GEMM for ``op`` (see the module table)."""
     d = _dims(g)
     khkw = d["KH"] * d["KW"]
@@ -289,7 +270,7 @@ def gemm_shape(op: str, g: Geometry) -> tuple[int, int, int]:
     raise ValueError(f"conv_igemm: op must be one of {OPS}, got {op!r}")
 
 
-def _divisors(op: str, g: Geometry) -> tuple[int, int]:
+def _divisors(op: str, g: ConvGeometry) -> tuple[int, int]:
     """The run-time divisors (d1, d2): pixels per image and pixels per row."""
     d = _dims(g)
     if op == "image_acts":
@@ -324,7 +305,7 @@ def _div(n: np.ndarray, d: int) -> np.ndarray:
 
 
 def a_offset(
-    op: str, g: Geometry, grp: int, m: np.ndarray, k: np.ndarray
+    op: str, g: ConvGeometry, grp: int, m: np.ndarray, k: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat offset into A's tensor (w, w, dy) of ``A[m, k]``, and its predicate.
 
@@ -353,7 +334,7 @@ def a_offset(
 
 
 def b_offset(
-    op: str, g: Geometry, grp: int, k: np.ndarray, n: np.ndarray
+    op: str, g: ConvGeometry, grp: int, k: np.ndarray, n: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat offset into B's tensor (x, dy, x) of ``B[k, n]``, and its predicate.
 
@@ -405,7 +386,7 @@ def b_offset(
 
 
 def c_offset(
-    op: str, g: Geometry, grp: int, m: np.ndarray, n: np.ndarray, split: int = 0
+    op: str, g: ConvGeometry, grp: int, m: np.ndarray, n: np.ndarray, split: int = 0
 ) -> np.ndarray:
     """Flat offset into the output (y, dx, dw or split-K partials) of ``C[m, n]``.
 
@@ -426,7 +407,7 @@ def c_offset(
     return split * d["F"] * big_n + (grp * d["Fg"] + m) * big_n + n
 
 
-def _out_shape(op: str, g: Geometry) -> tuple[int, ...]:
+def _out_shape(op: str, g: ConvGeometry) -> tuple[int, ...]:
     d = _dims(g)
     if op == "filter_acts":
         return (d["B"], d["F"], d["OH"], d["OW"])
@@ -435,7 +416,7 @@ def _out_shape(op: str, g: Geometry) -> tuple[int, ...]:
     return (d["F"], d["Cg"], d["KH"], d["KW"])
 
 
-def _in_shapes(op: str, g: Geometry) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _in_shapes(op: str, g: ConvGeometry) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of (A's tensor, B's tensor)."""
     d = _dims(g)
     x = (d["B"], d["C"], d["H"], d["W"])
@@ -456,7 +437,7 @@ def _gather(t: np.ndarray, off: np.ndarray, ok: np.ndarray) -> np.ndarray:
 
 def emulate(
     op: str,
-    g: Geometry,
+    g: ConvGeometry,
     a: np.ndarray,
     b: np.ndarray,
     *,
@@ -718,7 +699,7 @@ def emulate_epilogue(config: TileConfig, c_tile: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-def a_vector_width(op: str, g: Geometry) -> int:
+def a_vector_width(op: str, g: ConvGeometry) -> int:
     """4 when every k-aligned group of 4 elements of A is one 16-byte vector.
 
     That is: contiguous in memory, 16-byte aligned (given an aligned base
@@ -739,7 +720,7 @@ def a_vector_width(op: str, g: Geometry) -> int:
 
 
 def _consts(
-    op: str, g: Geometry, config: TileConfig, precision: str, aligned: bool = True
+    op: str, g: ConvGeometry, config: TileConfig, precision: str, aligned: bool = True
 ) -> dict:
     d = _dims(g)
     avec = a_vector_width(op, g) if config.vec and config.can_vec() and aligned else 1
@@ -801,7 +782,7 @@ def _slices(big_k: int, bk: int, splits: int) -> tuple[int, int]:
     return k_chunk, -(-big_k // k_chunk)
 
 
-def _split_k(op: str, g: Geometry, config: TileConfig, num_sms: int) -> int:
+def _split_k(op: str, g: ConvGeometry, config: TileConfig, num_sms: int) -> int:
     """Slices of K for ``weight_acts``: enough blocks for two per SM."""
     if op != "weight_acts":
         return 1
@@ -818,7 +799,7 @@ def _split_k(op: str, g: Geometry, config: TileConfig, num_sms: int) -> int:
     return splits
 
 
-def default_config(op: str, g: Geometry) -> TileConfig:
+def default_config(op: str, g: ConvGeometry) -> TileConfig:
     """The tile used when none is given: by the GEMM's M."""
     big_m, _, _ = gemm_shape(op, g)
     if big_m <= 32:
@@ -828,7 +809,7 @@ def default_config(op: str, g: Geometry) -> TileConfig:
     return TILES[0]
 
 
-def _check_splits(op: str, g: Geometry, splits: Any) -> int:
+def _check_splits(op: str, g: ConvGeometry, splits: Any) -> int:
     if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)):
         raise TypeError(f"conv_igemm: splits must be an int, got {splits!r}")
     splits = int(splits)
@@ -849,7 +830,7 @@ def _check_splits(op: str, g: Geometry, splits: Any) -> int:
 
 def plan(
     op: str,
-    g: Geometry,
+    g: ConvGeometry,
     precision: str,
     config: TileConfig | None = None,
     num_sms: int = 132,
@@ -899,7 +880,7 @@ def plan(
     )
 
 
-def supports(op: str, geometry: Geometry, dtype: Any, precision: str) -> bool:
+def supports(op: str, geometry: ConvGeometry, dtype: Any, precision: str) -> bool:
     """Whether these kernels compute ``op`` on ``geometry`` (see Notes of the module).
 
     Any batch, channels, filters, image and filter size, stride, padding and
@@ -930,7 +911,7 @@ def supports(op: str, geometry: Geometry, dtype: Any, precision: str) -> bool:
     return -(-big_m // min(t.bm for t in TILES)) <= _GRID_YZ_LIMIT
 
 
-def variants(op: str, geometry: Geometry, precision: str) -> list[TileConfig]:
+def variants(op: str, geometry: ConvGeometry, precision: str) -> list[TileConfig]:
     """Tile shapes worth timing for ``op`` on ``geometry`` (pass one as ``config``).
 
     Drops tiles whose M is more than twice the GEMM's M (mostly idle rows).
@@ -966,7 +947,7 @@ def _run(
     a: Any,
     b: Any,
     out: Any,
-    g: Geometry,
+    g: ConvGeometry,
     precision: str,
     device: int,
     config: TileConfig | None,
@@ -1038,7 +1019,7 @@ def filter_acts(
     x: Any,
     w: Any,
     out: Any,
-    geometry: Geometry,
+    geometry: ConvGeometry,
     precision: str,
     device: int,
     config: TileConfig | None = None,
@@ -1051,7 +1032,7 @@ def filter_acts(
     w : GPUArray, shape (F, C/groups, kh, kw)
     out : GPUArray, shape (B, F, Ho, Wo)
         C-contiguous, overwritten completely.
-    geometry : Geometry
+    geometry : ConvGeometry
     precision : {"fp32", "tf32"}
         3xTF32 (fp32-accurate) or TF32.
     device : int
@@ -1066,7 +1047,7 @@ def image_acts(
     dy: Any,
     w: Any,
     out: Any,
-    geometry: Geometry,
+    geometry: ConvGeometry,
     precision: str,
     device: int,
     config: TileConfig | None = None,
@@ -1089,7 +1070,7 @@ def weight_acts(
     x: Any,
     dy: Any,
     out: Any,
-    geometry: Geometry,
+    geometry: ConvGeometry,
     precision: str,
     device: int,
     config: TileConfig | None = None,
@@ -1123,27 +1104,9 @@ def weight_acts(
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _G:
-    batch: int
-    channels: int
-    height: int
-    width: int
-    filters: int
-    kh: int
-    kw: int
-    stride_h: int
-    stride_w: int
-    pad_h: int
-    pad_w: int
-    groups: int
-    out_h: int
-    out_w: int
-
-
-def _geom(c: int, f: int, hw: int, k: int, s: int, p: int) -> _G:
+def _geom(c: int, f: int, hw: int, k: int, s: int, p: int) -> ConvGeometry:
     o = (hw + 2 * p - k) // s + 1
-    return _G(8, c, hw, hw, f, k, k, s, s, p, p, 1, o, o)
+    return ConvGeometry(8, c, hw, hw, f, k, k, s, s, p, p, 1, o, o)
 
 
 @register_variants("conv_igemm")

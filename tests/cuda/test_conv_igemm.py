@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -33,27 +32,8 @@ from cc2ops.conv import (
     conv_forward_reference,
 )
 from cc2ops.cuda import conv_igemm as ci
+from cc2ops.cuda.conv import ConvGeometry as Geom
 from cc2ops.shapes import conv_output_shape
-
-
-@dataclass(frozen=True)
-class Geom:
-    """The fields of ``cc2ops.cuda.conv.ConvGeometry`` the kernels read."""
-
-    batch: int
-    channels: int
-    height: int
-    width: int
-    filters: int
-    kh: int
-    kw: int
-    stride_h: int
-    stride_w: int
-    pad_h: int
-    pad_w: int
-    groups: int
-    out_h: int
-    out_w: int
 
 
 def geom(b, c, hw, f, khw, stride=1, pad=0, groups=1) -> Geom:
