@@ -238,12 +238,8 @@ def test_resume_from_the_epoch_1_checkpoint_reproduces_two_epochs_exactly(
     assert [cut(x) for x in a] == [cut(x) for x in b]
 
 
-@pytest.mark.parametrize("kind", ["cc2ops", "numpy"])
-def test_dropout_state_is_checkpointed_and_resumed_exactly(tmp_path, monkeypatch, kind):
-    if kind == "cc2ops" and nets.dropout_backend() != "cc2ops":
-        pytest.skip("this cc2ops has no dropout")
-    # "numpy": the fallback for a cc2ops without dropout (a PyTensor generator)
-    monkeypatch.setattr(nets, "dropout_backend", lambda: kind)
+def test_dropout_state_is_checkpointed_and_resumed_exactly(tmp_path):
+    kind = "cc2ops"
     common = [
         "--net", "imagenet", "--synthetic", "--synthetic-images", "8",
         "--classes", "4", "--scale", "67", "--crop", "67", "--width-mult", "0.02",
@@ -258,10 +254,10 @@ def test_dropout_state_is_checkpointed_and_resumed_exactly(tmp_path, monkeypatch
     states = header["dropout_states"]
     assert set(states) == {"dropout1", "dropout2"}
     assert {s["kind"] for s in states.values()} == {kind}
-    if kind == "cc2ops":  # the Philox states, as arrays
-        arrays = ckpt_mod.load_checkpoint(mid).states
-        assert sorted(arrays) == ["dropout/dropout1", "dropout/dropout2"]
-        assert all(a.dtype == np.uint32 and a[2:].any() for a in arrays.values())
+    # the Philox states, as arrays
+    arrays = ckpt_mod.load_checkpoint(mid).states
+    assert sorted(arrays) == ["dropout/dropout1", "dropout/dropout2"]
+    assert all(a.dtype == np.uint32 and a[2:].any() for a in arrays.values())
     train.main(["--resume", str(mid), "--no-progress", "--quiet", "--no-plot"])
     _assert_identical(
         _params(full / "ckpt-epoch002.npz"), _params(mid / "ckpt-epoch002.npz")
@@ -427,7 +423,6 @@ def test_data_parallel_on_virtual_devices_matches_one_device(digits, tmp_path):
     --batch-size is per device and the learning rate scales linearly with K,
     so 2 x 8 images at lr 0.005 is the single-device step on 16 at lr 0.01.
     """
-    pytest.importorskip("cc2ops.graph.multi_gpu")
     args = [
         "--data", str(digits), "--net", "small", "--width-mult", "0.25",
         "--epochs", "1", "--max-steps", "2", "--warmup-epochs", "0",

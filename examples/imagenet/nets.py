@@ -8,9 +8,7 @@ PyTensor graph with the public cc2ops functions: ``cc2ops.conv2d``,
 ``cc2ops.max_pool2d`` / ``cc2ops.avg_pool2d``, ``cc2ops.cross_map_norm``;
 ``pt.dot`` for the fully connected layers, ``pt.maximum(x, 0)`` for ReLU.
 Dropout uses ``cc2ops.dropout`` with one ``cc2ops.dropout_state`` per layer
-when this cc2ops has them (so the GPU mode runs it on the GPU); otherwise a
-PyTensor random generator per layer draws the masks on the host (see
-:func:`dropout_backend`). Everything is in bc01 order, (B, C, H, W).
+(so the GPU mode runs it on the GPU). Everything is in bc01 order, (B, C, H, W).
 
 ``imagenet``
     cuda-convnet2's ``layers-imagenet-1gpu.cfg`` for 224 x 224 inputs
@@ -46,7 +44,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-import pytensor
 import pytensor.tensor as pt
 
 import cc2ops
@@ -381,24 +378,18 @@ class Network:
         """One fresh random state (a shared variable) per dropout layer.
 
         Layer ``i``'s state is seeded from ``SeedSequence([*seed, i])`` (the
-        trainer passes ``[seed, DROPOUT_STREAM]``): a ``cc2ops.dropout_state``
-        or, without cc2ops dropout, a shared ``numpy.random.Generator``. One
-        state per layer keeps the layers' masks independent whatever the
-        state's update rule. ``device``: the GPU label a ``cc2ops.dropout_state``
-        lives on (``None``: the host).
+        trainer passes ``[seed, DROPOUT_STREAM]``): a ``cc2ops.dropout_state``.
+        One state per layer keeps the layers' masks independent (cc2ops allows
+        one dropout per state). ``device``: the GPU label the states live on
+        (``None``: the host).
         """
         states: dict[str, Any] = {}
         for i, layer in enumerate(self.dropout_layers()):
             seq = np.random.SeedSequence([*seed, i])
             name = f"{layer.name}.state"
-            if dropout_backend() == "cc2ops":
-                states[layer.name] = cc2ops.dropout_state(
-                    int(seq.generate_state(1, np.uint64)[0]), name=name, device=device
-                )
-            else:
-                states[layer.name] = pytensor.shared(
-                    np.random.default_rng(seq), name=name
-                )
+            states[layer.name] = cc2ops.dropout_state(
+                int(seq.generate_state(1, np.uint64)[0]), name=name, device=device
+            )
         return states
 
     def forward(
@@ -408,7 +399,7 @@ class Network:
         *,
         train: bool,
         dropout_states: dict[str, Any] | None = None,
-    ) -> tuple[pt.TensorVariable, list[tuple[Any, Any]]]:
+    ) -> pt.TensorVariable:
         """Logits (B, n_classes) of images ``x`` (B, 3, crop, crop).
 
         Parameters
@@ -426,12 +417,9 @@ class Network:
         Returns
         -------
         logits : TensorVariable
-        updates : list of (shared variable, Variable)
-            The dropout states' updates that the training function must apply
-            (empty with cc2ops dropout, whose states carry a default update).
+            The dropout states advance through their default updates.
         """
         h = x
-        updates: list[tuple[Any, Any]] = []
         for layer in self.layers:
             if isinstance(layer, Conv):
                 w, b = params[f"{layer.name}.W"], params[f"{layer.name}.b"]
@@ -458,43 +446,16 @@ class Network:
                         f"layer {layer.name}: a training graph with dropout needs "
                         "the network's dropout states (make_dropout_states)"
                     )
-                state = dropout_states[layer.name]
-                if dropout_backend() == "cc2ops":
-                    h = cc2ops.dropout(h, layer.p, state)
-                else:
-                    keep = 1.0 - layer.p
-                    u = pt.random.uniform(
-                        0.0, 1.0, size=h.shape, rng=state, dtype=h.dtype
-                    )
-                    updates.append((state, u.owner.outputs[0]))
-                    mask = pt.lt(u, np.asarray(keep, dtype=h.dtype)).astype(h.dtype)
-                    h = h * mask * np.asarray(1.0 / keep, dtype=h.dtype)
+                h = cc2ops.dropout(h, layer.p, dropout_states[layer.name])
             if getattr(layer, "relu", False):
                 h = pt.maximum(h, np.asarray(0, dtype=h.dtype))
-        return h, updates
-
-
-def dropout_backend() -> str:
-    """``"cc2ops"`` if cc2ops has ``dropout``/``dropout_state``, else ``"numpy"``.
-
-    ``"numpy"`` draws the masks with PyTensor's ``RandomVariable`` on a shared
-    ``numpy.random.Generator`` (host only: in the GPU mode the mask is copied
-    to the device each step).
-    """
-    if hasattr(cc2ops, "dropout") and hasattr(cc2ops, "dropout_state"):
-        return "cc2ops"
-    return "numpy"
+        return h
 
 
 def get_dropout_state(state: Any) -> tuple[str, Any]:
-    """``(kind, value)`` of a dropout state, for a checkpoint.
-
-    ``"numpy"``: the generator's ``bit_generator.state`` (a JSON-able dict);
-    ``"cc2ops"``: the state's value as a host array.
-    """
+    """``("cc2ops", value)`` of a dropout state for a checkpoint: its four
+    Philox words as a host array."""
     value = state.get_value(borrow=True)
-    if isinstance(value, np.random.Generator):
-        return "numpy", value.bit_generator.state
     if not isinstance(value, np.ndarray) and hasattr(value, "get"):
         value = value.get()  # a GPUArray
     return "cc2ops", np.array(value, copy=True)
@@ -502,16 +463,9 @@ def get_dropout_state(state: Any) -> tuple[str, Any]:
 
 def set_dropout_state(state: Any, kind: str, value: Any) -> None:
     """Restore a value from :func:`get_dropout_state` (raises on a kind mismatch)."""
-    current = state.get_value(borrow=True)
-    have = "numpy" if isinstance(current, np.random.Generator) else "cc2ops"
-    if have != kind:
+    if kind != "cc2ops":
         raise NetworkError(
             f"dropout state {state.name}: the checkpoint holds a {kind!r} state but "
-            f"this cc2ops uses {have!r} dropout"
+            "this example uses cc2ops dropout"
         )
-    if kind == "numpy":
-        gen = np.random.default_rng()
-        gen.bit_generator.state = value
-        state.set_value(gen, borrow=True)
-    else:
-        state.set_value(np.asarray(value))
+    state.set_value(np.asarray(value))

@@ -559,9 +559,7 @@ def compile_functions(
         y = pt.ivector("labels")
         lr = pt.fscalar("lr")
 
-        logits, updates = net.forward(
-            x, params, train=True, dropout_states=dropout_states
-        )
+        logits = net.forward(x, params, train=True, dropout_states=dropout_states)
         loss = cc2ops.softmax_cross_entropy(logits, y).mean()
         err = cc2ops.top_k_error(logits, y, k=1).mean()
         if backend.distribute is not None:
@@ -570,6 +568,7 @@ def compile_functions(
             loss, err = backend.distribute([loss, err])
         names = list(net.param_shapes)
         grads = pytensor.grad(loss, [params[n] for n in names])
+        updates = []
         for name, g in zip(names, grads, strict=True):
             p, v = params[name], momenta[name]
             if name.endswith(".W") and cfg.weight_decay:
@@ -598,7 +597,7 @@ def compile_evaluate(net: nets.Network, params: dict[str, Any], backend: Backend
     with pytensor.config.change_flags(floatX="float32"):
         x = pt.tensor4("images", dtype="float32")
         y = pt.ivector("labels")
-        logits, _ = net.forward(x, params, train=False)
+        logits = net.forward(x, params, train=False)
         k5 = min(5, net.n_classes)
         return pytensor.function(
             [x, y],
@@ -943,7 +942,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     say(
         f"compiled the training and evaluation functions in "
         f"{time.perf_counter() - t0:.1f} s ({backend.name}, dropout: "
-        f"{nets.dropout_backend() if dropout_states else 'none'})"
+        f"{'cc2ops' if dropout_states else 'none'})"
     )
 
     out = Path(cfg.out)
@@ -1156,11 +1155,8 @@ def _dropout_header(
     arrays: dict[str, np.ndarray] = {}
     for name, state in states.items():
         kind, value = nets.get_dropout_state(state)
-        if kind == "numpy":
-            hdr[name] = {"kind": kind, "bit_generator": value}
-        else:
-            hdr[name] = {"kind": kind, "array": f"dropout/{name}"}
-            arrays[f"dropout/{name}"] = value
+        hdr[name] = {"kind": kind, "array": f"dropout/{name}"}
+        arrays[f"dropout/{name}"] = value
     return hdr, arrays
 
 
@@ -1177,13 +1173,8 @@ def _restore_dropout(
             raise ckpt_mod.CheckpointError(
                 f"the checkpoint holds no state for dropout layer {name}"
             )
-        value = (
-            entry["bit_generator"]
-            if entry["kind"] == "numpy"
-            else arrays[entry["array"]]
-        )
         try:
-            nets.set_dropout_state(state, entry["kind"], value)
+            nets.set_dropout_state(state, entry["kind"], arrays.get(entry.get("array")))
         except nets.NetworkError as e:
             # e.g. saved before cc2ops had dropout: the masks cannot continue
             say(f"warning: {e}; dropout starts from a fresh state")
