@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 import cc2ops
+from cc2ops.graph import multi_gpu
 
 # the sibling modules, also when this file is imported from elsewhere (the tests)
 _HERE = str(Path(__file__).resolve().parent)
@@ -414,19 +415,6 @@ class Backend:
     dropout_device: int | None = None
 
 
-def _multi_gpu_module(devices: int) -> Any:
-    """``cc2ops.graph.multi_gpu``, or :class:`DeviceError` saying it is missing."""
-    try:
-        from cc2ops.graph import multi_gpu
-    except ImportError as e:
-        raise DeviceError(
-            f"--devices {devices}: the multi-GPU rewriter (cc2ops.graph.multi_gpu) "
-            f"is not available in this version of cc2ops ({e}); train on one "
-            "device (--devices 1)"
-        ) from e
-    return multi_gpu
-
-
 def select_backend(device: str, devices: int) -> Backend:
     """The backend for ``--device`` / ``--devices``, or :class:`DeviceError`.
 
@@ -444,7 +432,7 @@ def select_backend(device: str, devices: int) -> Backend:
             return Backend(
                 "cpu", cc2ops.mode, lambda v, name: pytensor.shared(v, name=name)
             )
-        mg = _multi_gpu_module(devices)
+        mg = multi_gpu
         return Backend(
             f"cpu x {devices} virtual devices",
             mg.mode(devices, "virtual"),
@@ -465,7 +453,7 @@ def select_backend(device: str, devices: int) -> Backend:
     from cc2ops import cuda
 
     labels = list(range(index, index + devices))
-    mg = _multi_gpu_module(devices) if devices > 1 else None
+    mg = multi_gpu if devices > 1 else None
     if mg is not None:
         mode = cuda.mode(device=index, devices=labels)
         if not isinstance(mode, mg.MultiDeviceMode):
