@@ -40,6 +40,7 @@ Outputs never alias inputs (every op copies), so the ops need no
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -674,7 +675,7 @@ COMM_OPS = (AllGather, ReduceScatter, AllReduce, Broadcast, Reduce, Scatter, Gat
 LOCAL_OPS = (Shard, ShardGrad)
 
 
-class CommBackend:
+class CommBackend(ABC):
     """How the multi-device rewriter builds communication (one per backend).
 
     Each method takes per-device graph variables (index = device position
@@ -695,26 +696,33 @@ class CommBackend:
     def n(self) -> int:
         return len(self.labels)
 
+    @abstractmethod
     def all_gather(self, xs: Sequence[Variable], axis: int) -> list[Variable]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def reduce_scatter(self, xs: Sequence[Variable], axis: int) -> list[Variable]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def all_reduce(self, xs: Sequence[Variable]) -> list[Variable]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def broadcast(self, x: Variable, root: int = 0) -> list[Variable]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def reduce(self, xs: Sequence[Variable], root: int = 0) -> Variable:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def scatter(self, x: Variable, axis: int) -> list[Variable]:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abstractmethod
     def gather(self, xs: Sequence[Variable], axis: int) -> Variable:
-        raise NotImplementedError
+        """See the class docstring."""
 
     def shard(self, x: Variable, k: int, axis: int) -> Variable:
         """Device ``k``'s piece of ``x``, a value device ``k`` holds whole (local)."""

@@ -641,7 +641,7 @@ class _MaxPoolBackward(_Pool):
 
     def _adjoint(self) -> _MaxPoolBackward:
         """The op whose linear map in ``t`` is this one's transpose."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define _adjoint()")
 
     # Both backward ops are linear in ``t`` and piecewise constant in ``x`` and
     # ``y`` (they change only where a window's argmax moves, a set of measure

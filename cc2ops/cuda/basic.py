@@ -556,7 +556,9 @@ class _HostDelegate(GpuOp):
     """A GPU op that shares type inference and gradients with a host op."""
 
     def host_op(self) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} must define host_op() (the host op it mirrors)"
+        )
 
     def _host_node(self, inputs: list[Variable]) -> Apply:
         return self.host_op().make_node(*[_host_like(x) for x in inputs])
