@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
@@ -93,3 +94,8 @@ def _as_tensor(op: str, role: str, x: Any) -> TensorVariable:
         raise TypeError(
             f"{op}: {role} must be a tensor, got {type(x).__name__}: {e}"
         ) from e
+
+
+def is_disconnected(v: Any) -> bool:
+    """Whether a cotangent or tangent is PyTensor's "disconnected" placeholder."""
+    return isinstance(getattr(v, "type", None), DisconnectedType)

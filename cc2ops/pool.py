@@ -30,13 +30,20 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply
 from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
-from cc2ops._op import FLOAT_DTYPES, Cc2Op, float_tensor, int_tensor, same_dtype
+from cc2ops._op import (
+    FLOAT_DTYPES,
+    Cc2Op,
+    float_tensor,
+    int_tensor,
+    is_disconnected,
+    same_dtype,
+)
 from cc2ops.layout import axes_doc, check_layout, images_from_bc01, images_to_bc01
 from cc2ops.shapes import (
     check_pool_params,
@@ -485,10 +492,6 @@ def _as_dtype(v: TensorVariable, dtype: str) -> TensorVariable:
     return v if v.type.dtype == dtype else v.astype(dtype)
 
 
-def _disconnected(v) -> bool:
-    return isinstance(v.type, DisconnectedType)
-
-
 class PoolGeometry:
     """Parameters and shape rules of the pooling ops, host and GPU alike.
 
@@ -601,7 +604,7 @@ class MaxPool(_Pool):
 
     def pushforward(self, inputs, outputs, tangents):
         (x,), (y,), (dx,) = inputs, outputs, tangents
-        if _disconnected(dx):
+        if is_disconnected(dx):
             return [disconnected_type()]
         return [MaxPoolGradGrad(**self._params())(x, y, _as_dtype(dx, x.type.dtype))]
 
@@ -657,8 +660,8 @@ class _MaxPoolBackward(_Pool):
     def pushforward(self, inputs, outputs, tangents):
         x, y, _ = inputs
         dt = tangents[2]
-        if _disconnected(dt):
-            if all(_disconnected(t) for t in tangents):
+        if is_disconnected(dt):
+            if all(is_disconnected(t) for t in tangents):
                 return [disconnected_type()]
             return [outputs[0].zeros_like()]
         return [type(self)(**self._params())(x, y, _as_dtype(dt, x.type.dtype))]
@@ -778,7 +781,7 @@ class AvgPool(_Pool):
 
     def pushforward(self, inputs, outputs, tangents):
         (x,), (dx,) = inputs, tangents
-        if _disconnected(dx):
+        if is_disconnected(dx):
             return [disconnected_type()]
         return [AvgPool(**self._params())(_as_dtype(dx, x.type.dtype))]
 
@@ -849,7 +852,7 @@ class AvgPoolGrad(_Pool):
     def pushforward(self, inputs, outputs, tangents):
         gy, image_hw = inputs
         dgy = tangents[0]
-        if _disconnected(dgy):
+        if is_disconnected(dgy):
             return [disconnected_type()]
         grad = AvgPoolGrad(**self._params())
         return [grad(_as_dtype(dgy, gy.type.dtype), image_hw)]

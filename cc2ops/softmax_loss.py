@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pytensor.gradient
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.special import log_softmax, softmax
@@ -57,6 +57,7 @@ from cc2ops._op import (
     Cc2Op,
     _as_tensor,
     float_tensor,
+    is_disconnected,
     same_dtype,
     upcast_floats,
 )
@@ -340,10 +341,6 @@ def _is_soft(targets: TensorVariable) -> bool:
     return targets.type.dtype in FLOAT_DTYPES
 
 
-def _disconnected(v: Any) -> bool:
-    return isinstance(getattr(v, "type", None), DisconnectedType)
-
-
 def _as_dtype(v: TensorVariable, dtype: str) -> TensorVariable:
     return v if v.type.dtype == dtype else pt.cast(v, dtype)
 
@@ -385,7 +382,7 @@ class SoftmaxCrossEntropy(Cc2Op):
     def pullback(self, inputs, outputs, cotangents):
         x, t = inputs
         g = cotangents[0]
-        if _disconnected(g):
+        if is_disconnected(g):
             return [disconnected_type(), disconnected_type()]
         g = _as_dtype(g, x.type.dtype)
         dx = SoftmaxCrossEntropyGrad()(g, x, t)
@@ -462,7 +459,7 @@ class SoftmaxCrossEntropyGrad(Cc2Op):
         g, x, t = inputs
         ggx = cotangents[0]
         soft = _is_soft(t)
-        if _disconnected(ggx):
+        if is_disconnected(ggx):
             return [disconnected_type()] * 3
         ggx = _as_dtype(ggx, x.type.dtype)
         # Stand-ins for the inputs: g is usually computed from x (g = dL/dloss),

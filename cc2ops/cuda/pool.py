@@ -34,7 +34,7 @@ from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.shape import Shape_i
 
-from cc2ops._op import FLOAT_DTYPES, int_tensor
+from cc2ops._op import FLOAT_DTYPES, int_tensor, is_disconnected
 from cc2ops.cuda import array
 from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
@@ -398,10 +398,6 @@ def _gpu_zeros_like(x: Variable) -> Variable:
     return as_gpu_cotangent(pt.zeros_like(x), x.type.device)
 
 
-def _disconnected(v: Any) -> bool:
-    return isinstance(getattr(v, "type", None), DisconnectedType)
-
-
 class _GpuPool(PoolGeometry, GpuOp):
     """The GPU pooling ops' base: the host ops' :class:`~cc2ops.pool.PoolGeometry`
     (parameters, validation, shape rules) plus the GPU op machinery."""
@@ -447,7 +443,7 @@ class GpuMaxPool(_GpuPool):
 
     def pushforward(self, inputs, outputs, tangents):
         (x,), (y,), (dx,) = inputs, outputs, tangents
-        if _disconnected(dx):
+        if is_disconnected(dx):
             return [disconnected_type()]
         dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
         return [GpuMaxPoolGradGrad(**self._params())(x, y, dx)]
@@ -534,8 +530,8 @@ class GpuMaxPoolGrad(_GpuMaxPoolBackward):
     def pushforward(self, inputs, outputs, tangents):
         x, y, _ = inputs
         dgy = tangents[2]
-        if _disconnected(dgy):
-            if all(_disconnected(t) for t in tangents):
+        if is_disconnected(dgy):
+            if all(is_disconnected(t) for t in tangents):
                 return [disconnected_type()]
             return [_gpu_zeros_like(outputs[0])]
         dgy = gpu_cotangent(dgy, x.type.dtype, x.type.device)
@@ -581,8 +577,8 @@ class GpuMaxPoolGradGrad(_GpuMaxPoolBackward):
     def pushforward(self, inputs, outputs, tangents):
         x, y, _ = inputs
         dggx = tangents[2]
-        if _disconnected(dggx):
-            if all(_disconnected(t) for t in tangents):
+        if is_disconnected(dggx):
+            if all(is_disconnected(t) for t in tangents):
                 return [disconnected_type()]
             return [_gpu_zeros_like(outputs[0])]
         dggx = gpu_cotangent(dggx, x.type.dtype, x.type.device)
@@ -635,7 +631,7 @@ class GpuAvgPool(_GpuPool):
 
     def pushforward(self, inputs, outputs, tangents):
         (x,), (dx,) = inputs, tangents
-        if _disconnected(dx):
+        if is_disconnected(dx):
             return [disconnected_type()]
         dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
         return [GpuAvgPool(**self._params())(dx)]
@@ -705,7 +701,7 @@ class GpuAvgPoolGrad(_GpuPool):
     def pushforward(self, inputs, outputs, tangents):
         gy, image_hw = inputs
         dgy = tangents[0]
-        if _disconnected(dgy):
+        if is_disconnected(dgy):
             return [disconnected_type()]
         dgy = gpu_cotangent(dgy, gy.type.dtype, gy.type.device)
         return [GpuAvgPoolGrad(**self._params())(dgy, image_hw)]

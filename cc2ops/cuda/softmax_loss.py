@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.special import log_softmax
 
-from cc2ops._op import FLOAT_DTYPES, INT_DTYPES
+from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, is_disconnected
 from cc2ops.cuda import array
 from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
@@ -392,12 +392,8 @@ def _is_soft(t: Variable) -> bool:
     return t.type.dtype in FLOAT_DTYPES
 
 
-def _disconnected(v: Any) -> bool:
-    return isinstance(getattr(v, "type", None), DisconnectedType)
-
-
 def _cotangent(g: Variable, dtype: str, device: int) -> Variable:
-    if _disconnected(g) or not hasattr(g.type, "dtype"):
+    if is_disconnected(g) or not hasattr(g.type, "dtype"):
         return as_gpu_cotangent(g, device)
     if g.type.dtype != dtype:
         from cc2ops.cuda.transfer import as_host
@@ -452,7 +448,7 @@ class GpuSoftmaxCrossEntropy(GpuOp):
 
         x, t = inputs
         g = cotangents[0]
-        if _disconnected(g):
+        if is_disconnected(g):
             return [disconnected_type(), disconnected_type()]
         device = x.type.device
         g = _cotangent(g, x.type.dtype, device)
@@ -519,7 +515,7 @@ class GpuSoftmaxCrossEntropyGrad(GpuOp):
 
         g, x, t = inputs
         ggx = cotangents[0]
-        if _disconnected(ggx):
+        if is_disconnected(ggx):
             return [disconnected_type()] * 3
         device = x.type.device
         host = [as_host(v) for v in inputs]
