@@ -16,7 +16,9 @@ Modules: :mod:`~cc2ops.cuda.type` (``CudaArrayType``, ``shared``),
 :mod:`~cc2ops.cuda.array` (GPUArray helpers), :mod:`~cc2ops.cuda.compile`
 (kernel templates, nvcc, cubin cache, launching), :mod:`~cc2ops.cuda.blas`
 (cuBLAS), :mod:`~cc2ops.cuda.precision` (the TF32 switch),
-:mod:`~cc2ops.cuda.op` (``GpuOp``), :mod:`~cc2ops.cuda.mode` (the GPU mode).
+:mod:`~cc2ops.cuda.op` (``GpuOp``), :mod:`~cc2ops.cuda.mode` (the GPU mode),
+:mod:`~cc2ops.cuda.graphs` (CUDA-graph capture and replay of compiled steps),
+:mod:`~cc2ops.cuda.profile` (host and device time apart).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ from cc2ops.cuda.availability import (
     unavailable_reason,
 )
 from cc2ops.cuda.device import get_device, set_device_map
+from cc2ops.cuda.graphs import (
+    CapturedFunction,
+    CudaGraph,
+    GraphCaptureError,
+    capture_function,
+)
 from cc2ops.cuda.mode import mode
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.precision import allow_tf32, get_allow_tf32, set_allow_tf32
@@ -70,4 +78,8 @@ __all__ = [
     "gpu_to_gpu",
     "GpuOp",
     "mode",
+    "CudaGraph",
+    "CapturedFunction",
+    "GraphCaptureError",
+    "capture_function",
 ]

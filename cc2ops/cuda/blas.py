@@ -97,6 +97,10 @@ _lock = threading.RLock()
 _lib: ctypes.CDLL | None = None
 _lib_path: str | None = None
 _handles: dict[int, ctypes.c_void_p] = {}
+_workspaces: dict[int, Any] = {}
+#: cuBLAS workspace per handle (what cuBLAS asks for on Hopper): set
+#: explicitly so that captured CUDA graphs reuse one buffer
+WORKSPACE_BYTES = 32 << 20
 _hook_registered = False
 
 _p = ctypes.c_void_p
@@ -108,6 +112,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "cublasDestroy_v2": [_p],
     "cublasSetStream_v2": [_p, _p],
     "cublasSetMathMode": [_p, _i],
+    "cublasSetWorkspace_v2": [_p, _p, ctypes.c_size_t],
     "cublasSgemm_v2": [_p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
     "cublasDgemm_v2": [_p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
     "cublasGemmEx": [
@@ -208,6 +213,7 @@ def _destroy_handles() -> None:
         except Exception:  # the context may already be unusable at exit
             pass
         _handles.pop(index, None)
+        _workspaces.pop(index, None)
 
 
 def _label_of_physical(index: int) -> int:
@@ -235,6 +241,11 @@ def get_handle(device: int) -> ctypes.c_void_p:
         _call("cublasCreate_v2", ctypes.byref(handle))
         _call("cublasSetStream_v2", handle, ctypes.c_void_p(int(dev.stream.handle)))
         _call("cublasSetMathMode", handle, _DEFAULT_MATH)
+        # after SetStream, which resets the workspace to cuBLAS's own pool
+        workspace = dev.alloc(WORKSPACE_BYTES)
+        _call("cublasSetWorkspace_v2", handle, ctypes.c_void_p(int(workspace)),
+              WORKSPACE_BYTES)  # fmt: skip
+        _workspaces[dev.index] = workspace
         _handles[dev.index] = handle
         if not _hook_registered:
             register_shutdown_hook(_destroy_handles)

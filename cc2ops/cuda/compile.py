@@ -54,9 +54,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -79,6 +80,8 @@ __all__ = [
     "get_module",
     "get_kernel",
     "launch",
+    "KernelSpec",
+    "precompile",
     "register_variants",
     "all_variants",
     "families",
@@ -427,6 +430,50 @@ def compile_cubin(source: str, arch: str, options: Sequence[str] = ()) -> bytes:
     if debug:
         _atomic_write(source_path, source.encode("utf-8"))
     return data
+
+
+class KernelSpec(NamedTuple):
+    """One kernel build: template family, constants, extra nvcc options."""
+
+    family: str
+    consts: dict[str, Any]
+    options: tuple[str, ...] = ()
+
+
+def precompile(
+    specs: Iterable[KernelSpec],
+    *,
+    arch: str | None = None,
+    device: int | None = None,
+    jobs: int | None = None,
+) -> int:
+    """Compile ``specs`` into the disk cache in parallel; returns how many ran nvcc.
+
+    For work that will need many kernels at once (an autotuner's candidates,
+    a benchmark's layers): nvcc runs in ``jobs`` parallel processes (default
+    the CPU count, at most 16) instead of one after another when each kernel
+    is first launched. Nothing is loaded into a context. ``arch`` defaults to
+    ``device``'s (label 0 when neither is given); a machine without a GPU can
+    fill a cache for another with ``arch="sm_90"``.
+    """
+    if arch is None:
+        from cc2ops.cuda.device import get_device
+
+        arch = get_device(0 if device is None else device).arch
+    unique: dict[tuple, KernelSpec] = {}
+    for spec in specs:
+        family = _check_family(spec.family)
+        consts = _check_consts(f"precompile({family})", dict(spec.consts))
+        key = (family, _consts_key(consts), tuple(spec.options))
+        unique.setdefault(key, KernelSpec(family, consts, tuple(spec.options)))
+    if not unique:
+        return 0
+    before = compile_stats()["nvcc_runs"]
+    sources = [(render(s.family, **s.consts), s.options) for s in unique.values()]
+    workers = max(1, min(jobs or min(16, os.cpu_count() or 1), len(sources)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(lambda so: compile_cubin(so[0], arch, so[1]), sources))
+    return compile_stats()["nvcc_runs"] - before
 
 
 # --------------------------------------------------------------------------

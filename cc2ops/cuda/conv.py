@@ -80,7 +80,7 @@ from cc2ops.conv import (
     _static_pair,
     _weight_acts_shape,
 )
-from cc2ops.cuda.compile import register_namer, register_variants
+from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
@@ -94,6 +94,7 @@ __all__ = [
     "DEFAULT_ALGORITHM",
     "CHUNK_BUDGETS_MIB",
     "algorithm_names",
+    "kernel_specs",
     "chosen_algorithm",
     "resolve_precision",
     "filter_acts",
@@ -459,6 +460,32 @@ class Im2colGemm:
     def _nb(self, g: ConvGeometry, dtype: Any) -> int:
         return plan_chunk(g, np.dtype(dtype).itemsize, self.budget_mib << 20)
 
+    def kernel_specs(
+        self, op: str, g: ConvGeometry, dtype: Any, precision: str
+    ) -> list[KernelSpec]:
+        """The kernels this algorithm launches for ``op`` on ``g`` (both the
+        plain and the accumulating col2im)."""
+        dt = str(np.dtype(dtype))
+        specs = [KernelSpec("conv_im2col", _helper_consts("swap01", dt))]
+        if self.layout == "knp":
+            if op == "image_acts":
+                specs += [
+                    KernelSpec("conv_im2col", _tap_consts("col2im", g, dt, "knp", a))
+                    for a in (False, True)
+                ]
+            else:
+                im2col = _tap_consts("im2col", g, dt, "knp")
+                specs.append(KernelSpec("conv_im2col", im2col))
+            return specs
+        if self._direct(g):
+            return []
+        if op == "image_acts":
+            return [
+                KernelSpec("conv_im2col", _tap_consts("col2im", g, dt, "nkp", a))
+                for a in (False, True)
+            ]
+        return [KernelSpec("conv_im2col", _tap_consts("im2col", g, dt, "nkp"))]
+
     def _direct(self, g: ConvGeometry) -> bool:
         """1x1, stride 1, no padding: the images are their own nkp columns."""
         return (g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w) == (
@@ -660,6 +687,20 @@ class Igemm:
         except Exception:  # a broken candidate must not break convolution
             return False
 
+    def kernel_specs(
+        self, op: str, g: ConvGeometry, dtype: Any, precision: str
+    ) -> list[KernelSpec]:
+        """The kernels this tile launches for ``op`` on ``g`` (16-byte aligned
+        operands, as the device pool allocates them), and the accumulate helper."""
+        mod = _conv_igemm()
+        if mod is None or not hasattr(mod, "kernel_spec"):
+            return []
+        dt = str(np.dtype(dtype))
+        return [
+            mod.kernel_spec(op, g, precision, self.config),
+            KernelSpec("conv_im2col", _helper_consts("add", dt)),
+        ]
+
     def _run(
         self, op: str, a: Any, b: Any, out: Any, g: ConvGeometry, precision: str,
         device: int, accumulate: bool,
@@ -708,6 +749,20 @@ def _candidates(op: str, g: ConvGeometry, dtype: Any, precision: str) -> list[An
                 configs = [None]
         out.extend(Igemm(c) for c in configs)
     return out
+
+
+def kernel_specs(
+    op: str, g: ConvGeometry, dtype: Any, precision: str | None = None
+) -> list[KernelSpec]:
+    """Every kernel the applicable algorithms of ``op`` on ``g`` may launch
+    (for :func:`cc2ops.cuda.compile.precompile`)."""
+    if op not in _OPS:
+        raise ValueError(f"conv: op must be one of {_OPS}, got {op!r}")
+    prec = resolve_precision(dtype, precision)
+    specs: list[KernelSpec] = []
+    for alg in _candidates(op, g, dtype, prec):
+        specs.extend(alg.kernel_specs(op, g, dtype, prec))
+    return specs
 
 
 def algorithm_names(
@@ -798,8 +853,16 @@ def _choose(
     def runner(alg: Any) -> Callable[[Any], None]:
         return lambda out: getattr(alg, op)(a, b, out, g, precision, device)
 
+    from cc2ops.cuda.autotune import autotune_enabled
+    from cc2ops.cuda.compile import precompile
+
+    key = _tune_key(op, g, dtype, precision, device, list(by_name))
+    if autotune_enabled() and _tuner().cached(key) is None:
+        # every candidate is about to run: compile them side by side first
+        specs = [s for alg in cands for s in alg.kernel_specs(op, g, dtype, precision)]
+        precompile(specs, device=device)
     name = _tuner().select(
-        _tune_key(op, g, dtype, precision, device, list(by_name)),
+        key,
         {n: runner(alg) for n, alg in by_name.items()},
         default=cands[0].name,
         scratch=lambda: array.empty(out_shape, dtype, device),

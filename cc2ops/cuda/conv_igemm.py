@@ -91,7 +91,7 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import register_namer, register_variants
+from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
 from cc2ops.cuda.conv import ConvGeometry
 
 __all__ = [
@@ -115,6 +115,7 @@ __all__ = [
     "emulate_epilogue",
     "plan",
     "supports",
+    "kernel_spec",
     "variants",
     "filter_acts",
     "image_acts",
@@ -878,6 +879,14 @@ def plan(
         shared_bytes=config.shared_bytes(op),
         divisors=_divisors(op, g),
     )
+
+
+def kernel_spec(
+    op: str, g: ConvGeometry, precision: str, config: TileConfig | None = None
+) -> KernelSpec:
+    """The kernel :func:`plan` picks for ``op`` on ``g`` with 16-byte aligned
+    operands (for :func:`cc2ops.cuda.compile.precompile`)."""
+    return KernelSpec("conv_igemm", plan(op, g, precision, config).consts)
 
 
 def supports(op: str, geometry: ConvGeometry, dtype: Any, precision: str) -> bool:

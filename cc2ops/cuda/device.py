@@ -83,6 +83,9 @@ _physicals: dict[int, _Physical] = {}
 _shutdown_hooks: list[Callable[[], None]] = []
 _atexit_registered = False
 _shut_down = False
+#: physical index -> the allocation list of a CUDA-graph capture in progress
+#: (cc2ops.cuda.graphs): allocations made meanwhile are kept for the graph
+_capture_holds: dict[int, list[Any]] = {}
 
 
 class _ActiveContexts(threading.local):
@@ -192,7 +195,12 @@ class PoolAllocator:
         self._pool = pool
 
     def __call__(self, nbytes: int) -> Any:
-        return self._pool.allocate(nbytes)
+        alloc = self._pool.allocate(nbytes)
+        if _capture_holds:
+            held = _capture_holds.get(self.physical_index)
+            if held is not None:
+                held.append(alloc)  # a graph being captured will replay into it
+        return alloc
 
     def __repr__(self) -> str:
         return f"PoolAllocator(physical_index={self.physical_index})"

@@ -190,8 +190,14 @@ def check_label_flag(flag: Any, labels: Any, op: str, k: int, device: int) -> No
     """Raise ``ValueError`` if a kernel flagged a label outside ``[0, K)``.
 
     Reads the 4-byte flag back (synchronises ``device``'s stream); on an
-    error also reads the offending label.
+    error also reads the offending label. While ``device`` is captured into a
+    CUDA graph the check is deferred to after each replay
+    (:func:`cc2ops.cuda.graphs.defer_check`).
     """
+    from cc2ops.cuda.graphs import defer_check
+
+    if defer_check(device, lambda: check_label_flag(flag, labels, op, k, device)):
+        return
     row = int(array.to_host(flag, device)[0])
     if row == _NO_ERROR:
         return
