@@ -82,6 +82,7 @@ __all__ = [
     "launch",
     "KernelSpec",
     "precompile",
+    "kernel_cache",
     "register_variants",
     "all_variants",
     "families",
@@ -483,12 +484,30 @@ def precompile(
 _load_lock = threading.RLock()
 _modules: dict[tuple, Any] = {}
 _functions: dict[tuple, Any] = {}
+_functions_fast: dict[tuple, Any] = {}
 _hook_registered = False
+
+
+_kernel_caches: list[dict] = []
+
+
+def kernel_cache() -> dict:
+    """A dict for memoised launch plans that hold kernels (``Function`` objects).
+
+    Emptied at shutdown with the loaded modules, while their contexts can
+    still be activated; GPU op modules keep their per-geometry plans in one.
+    """
+    cache: dict = {}
+    _kernel_caches.append(cache)
+    return cache
 
 
 def _clear_loaded() -> None:
     # unloads modules while their contexts can still be activated
+    for cache in _kernel_caches:
+        cache.clear()
     _functions.clear()
+    _functions_fast.clear()
     _modules.clear()
 
 
@@ -557,6 +576,15 @@ def get_kernel(
     from cc2ops.cuda.device import get_device
 
     dev = get_device(device)
+    # callers build their constants the same way every time: the constants in
+    # call order are a cheap first key (the canonical sorted one is the second)
+    try:
+        fast = (dev.index, family, name, tuple(options), tuple(consts.items()))
+        fn = _functions_fast.get(fast)
+    except TypeError:  # an unhashable constant: _check_consts reports it below
+        fast, fn = None, None
+    if fn is not None:
+        return fn
     key = (
         dev.index,
         family,
@@ -566,6 +594,8 @@ def get_kernel(
     )
     fn = _functions.get(key)
     if fn is not None:
+        if fast is not None:
+            _functions_fast[fast] = fn
         return fn
     mod = get_module(family, device, options=options, **consts)
     with _load_lock:
@@ -577,6 +607,8 @@ def get_kernel(
                 f"({e})"
             ) from e
         _functions[key] = fn
+        if fast is not None:
+            _functions_fast[fast] = fn
         return fn
 
 
@@ -591,7 +623,12 @@ _SCALAR_TYPES = (
 )  # fmt: skip
 
 
+_SCALAR_CHAR = {t: np.dtype(t).char for t in _SCALAR_TYPES}
+
+
 def _dims(what: str, value: Any) -> tuple[int, int, int]:
+    if type(value) is int and value >= 0:  # the common case, checked cheaply
+        return (value, 1, 1)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = (int(value),)
     try:
@@ -611,7 +648,11 @@ def _pack(args: Sequence[Any], physical: int) -> tuple[list[Any], list[type], st
     values: list[Any] = []
     types: list[type] = []
     for i, a in enumerate(args):
-        if is_gpuarray(a):
+        t = type(a)
+        if t in _SCALAR_CHAR:  # most arguments: checked first, by type
+            values.append(a)
+            types.append(t)
+        elif is_gpuarray(a):
             where = device_of(a)
             if where is not None and where != physical:
                 raise ValueError(
@@ -632,7 +673,7 @@ def _pack(args: Sequence[Any], physical: int) -> tuple[list[Any], list[type], st
                 "allocations or numpy scalars (np.int32, np.int64, np.float32, ...): "
                 "a Python int or float does not say which C type the kernel expects"
             )
-    fmt = "".join(np.dtype(t).char for t in types)
+    fmt = "".join(_SCALAR_CHAR.get(t) or np.dtype(t).char for t in types)
     return values, types, fmt
 
 

@@ -53,6 +53,7 @@ switch shared with cuBLAS) or ``precision="tf32"``; float64 uses DGEMM.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -167,8 +168,29 @@ def geometry_of(
     """The :class:`ConvGeometry` of images (B, C, H, W) and filters
     (F, C/groups, kh, kw), validated with :func:`cc2ops.shapes.check_conv_shapes`.
     """
-    b, c, h, w = (int(v) for v in image_shape)
-    f, cg, kh, kw = (int(v) for v in filter_shape)
+    return _geometry(
+        op,
+        tuple(int(v) for v in image_shape),
+        tuple(int(v) for v in filter_shape),
+        tuple(stride),
+        tuple(padding),
+        int(groups),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(
+    op: str,
+    image_shape: tuple[int, ...],
+    filter_shape: tuple[int, ...],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> ConvGeometry:
+    # memoised: the pass functions ask for it on every call (errors are not
+    # cached, so a bad shape raises every time)
+    b, c, h, w = image_shape
+    f, cg, kh, kw = filter_shape
     _, _, ho, wo = check_conv_shapes(
         op, (b, c, h, w), (f, cg, kh, kw), stride, padding, groups
     )
@@ -834,7 +856,42 @@ def _choose(
     out_shape: tuple[int, ...],
     algorithm: str | None,
 ) -> Any:
-    """The algorithm to run: forced, or chosen by the autotuner."""
+    """The algorithm to run: forced, or chosen by the autotuner.
+
+    A decided choice is remembered on the tuner per (op, geometry, dtype,
+    precision, device, forced name, autotune switch), so later calls skip the
+    candidate enumeration and the key's JSON (a fresh tuner forgets them).
+    """
+    from cc2ops.cuda.autotune import autotune_enabled
+
+    tuner = _tuner()
+    memo = tuner.__dict__.setdefault("_conv_choices", {})
+    mkey = (op, g, str(dtype), precision, device, algorithm, autotune_enabled())
+    hit = memo.get(mkey)
+    if hit is not None:
+        return hit
+    alg = _choose_uncached(op, g, dtype, precision, device, inputs, out_shape,
+                           algorithm)  # fmt: skip
+    decided = algorithm is not None or not autotune_enabled()
+    if not decided:
+        names = [a.name for a in _candidates(op, g, dtype, precision)]
+        key = _tune_key(op, g, dtype, precision, device, names)
+        decided = len(names) == 1 or tuner.cached(key) is not None
+    if decided:  # for good (not the fallback of a tuning that decided nothing)
+        memo[mkey] = alg
+    return alg
+
+
+def _choose_uncached(
+    op: str,
+    g: ConvGeometry,
+    dtype: Any,
+    precision: str,
+    device: int,
+    inputs: tuple[Any, Any],
+    out_shape: tuple[int, ...],
+    algorithm: str | None,
+) -> Any:
     from cc2ops.cuda import array
 
     cands = _candidates(op, g, dtype, precision)

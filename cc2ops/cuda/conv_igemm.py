@@ -91,7 +91,12 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
+from cc2ops.cuda.compile import (
+    KernelSpec,
+    kernel_cache,
+    register_namer,
+    register_variants,
+)
 from cc2ops.cuda.conv import ConvGeometry
 
 __all__ = [
@@ -951,6 +956,66 @@ def _prepare(name: str, arr: Any, shape: tuple[int, ...], device: int) -> Any:
     return ascontiguous(arr, device)
 
 
+@dataclass(frozen=True, eq=False)
+class _Recipe:
+    """A planned launch with its kernels loaded: what every call reuses."""
+
+    plan: Plan
+    fn: Any
+    static_args: tuple
+    reduce_fn: Any
+    reduce_blocks: int
+
+
+_RECIPES: dict[tuple, _Recipe] = kernel_cache()
+
+
+def _recipe(
+    op: str,
+    g: ConvGeometry,
+    precision: str,
+    device: int,
+    config: TileConfig | None,
+    splits: int | None,
+    aligned: bool,
+) -> _Recipe:
+    """The memoised plan, kernels and constant arguments of a launch."""
+    from cc2ops.cuda.compile import get_kernel
+    from cc2ops.cuda.device import get_device
+
+    dev = get_device(device)
+    key = (op, g, precision, dev.index, config, splits, aligned)
+    hit = _RECIPES.get(key)
+    if hit is not None:
+        return hit
+    if not supports(op, g, np.float32, precision):
+        raise ValueError(f"conv_igemm.{op}: geometry {g} is not supported")
+    if tuple(dev.compute_capability) < (8, 0):
+        raise ValueError(
+            f"conv_igemm.{op}: needs compute capability 8.0 or later (TF32 mma.sync, "
+            f"cp.async), device {device} has {dev.compute_capability}"
+        )
+    p = plan(op, g, precision, config, dev.multiprocessors, splits, aligned)
+    d = _dims(g)
+    (m1, s1), (m2, s2) = (fastdiv_magic(v) for v in p.divisors)
+    i32, u32 = np.int32, np.uint32
+    static = (
+        *(i32(d[k]) for k in ("C", "H", "W", "F", "OH", "OW", "Cg", "Fg")),
+        i32(p.m), i32(p.n), i32(p.k), i32(p.k_chunk), i32(d["G"]),
+        u32(m1), u32(s1), u32(m2), u32(s2),
+    )  # fmt: skip
+    fn = get_kernel("conv_igemm", device, **p.consts)
+    red, blocks = None, 0
+    if p.splits > 1:
+        total = math.prod(_out_shape(op, g))
+        # the reduction lives in the wgrad kernel's module
+        red = get_kernel("conv_igemm", device, f"{p.consts['name']}_sum", **p.consts)
+        blocks = min(-(-total // _REDUCE_BLOCK), 8 * dev.multiprocessors)
+    recipe = _Recipe(p, fn, static, red, blocks)
+    _RECIPES[key] = recipe
+    return recipe
+
+
 def _run(
     op: str,
     a: Any,
@@ -963,17 +1028,8 @@ def _run(
     splits: int | None = None,
 ) -> None:
     from cc2ops.cuda import array
-    from cc2ops.cuda.compile import get_kernel, launch
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.compile import launch
 
-    if not supports(op, g, np.float32, precision):
-        raise ValueError(f"conv_igemm.{op}: geometry {g} is not supported")
-    dev = get_device(device)
-    if tuple(dev.compute_capability) < (8, 0):
-        raise ValueError(
-            f"conv_igemm.{op}: needs compute capability 8.0 or later (TF32 mma.sync, "
-            f"cp.async), device {device} has {dev.compute_capability}"
-        )
     a_shape, b_shape = _in_shapes(op, g)
     a = _prepare(op, a, a_shape, device)
     b = _prepare(op, b, b_shape, device)
@@ -986,42 +1042,17 @@ def _run(
     if not array.is_c_contiguous(out):
         raise ValueError(f"conv_igemm.{op}: out must be C-contiguous")
     aligned = array.ptr(a) % 16 == 0
-    p = plan(op, g, precision, config, dev.multiprocessors, splits, aligned)
-    d = _dims(g)
-    (m1, s1), (m2, s2) = (fastdiv_magic(v) for v in p.divisors)
-    fn = get_kernel("conv_igemm", device, **p.consts)
+    r = _recipe(op, g, precision, device, config, splits, aligned)
+    p = r.plan
     target = out
     if p.splits > 1:
         target = array.empty((p.splits, *out_shape), np.float32, device)
-    i32, u32 = np.int32, np.uint32
-    args = [
-        a,
-        b,
-        target,
-        *(i32(d[k]) for k in ("C", "H", "W", "F", "OH", "OW", "Cg", "Fg")),
-        i32(p.m),
-        i32(p.n),
-        i32(p.k),
-        i32(p.k_chunk),
-        i32(d["G"]),
-        u32(m1),
-        u32(s1),
-        u32(m2),
-        u32(s2),
-    ]
-    launch(fn, p.grid, p.block, args, device, shared_mem=p.shared_bytes)
+    launch(r.fn, p.grid, p.block, [a, b, target, *r.static_args], device,
+           shared_mem=p.shared_bytes)  # fmt: skip
     if p.splits > 1:
         total = math.prod(out_shape)
-        # the reduction lives in the wgrad kernel's module
-        red = get_kernel("conv_igemm", device, f"{p.consts['name']}_sum", **p.consts)
-        blocks = min(-(-total // _REDUCE_BLOCK), 8 * dev.multiprocessors)
-        launch(
-            red,
-            blocks,
-            _REDUCE_BLOCK,
-            [target, out, np.int64(total), i32(p.splits)],
-            device,
-        )
+        launch(r.reduce_fn, r.reduce_blocks, _REDUCE_BLOCK,
+               [target, out, np.int64(total), np.int32(p.splits)], device)  # fmt: skip
 
 
 def filter_acts(

@@ -66,7 +66,7 @@ from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorConstant
 
 from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_variants
+from cc2ops.cuda.compile import get_kernel, kernel_cache, launch, register_variants
 from cc2ops.cuda.device import get_device
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
@@ -97,6 +97,8 @@ SUPPORTED_DTYPES = (
 MAX_PARAM_BYTES = 4096
 
 _BLOCK = 256
+#: launch plans of GpuElemwise._run, by (device, code, shape, operand layouts)
+_PLANS: dict[tuple, tuple] = kernel_cache()
 _SHORT = {
     "bool": "b", "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16",
     "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64",
@@ -518,18 +520,52 @@ class GpuElemwise(GpuOp):
         device: int,
     ) -> None:
         operands = inputs + results
+        # the launch plan depends only on the scalar code and the operands'
+        # shapes and strides: memoised, so a steady-state call only gathers
+        # pointers (the plan says which operands need a contiguous copy)
+        key = (
+            device,
+            code.digest,
+            shape,
+            tuple((a.shape, a.strides) for a in operands),
+        )
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = self._plan(code, shape, operands, len(inputs), device)
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            _PLANS[key] = plan
+        fn, grid, copy, per_operand, tail = plan
+        args: list[Any] = []
+        for k, a in enumerate(operands):
+            if k in copy:
+                a = array.ascontiguous(a, device)
+            args.append(a)
+            args.extend(per_operand[k])
+        args.extend(tail)
+        launch(fn, grid, _BLOCK, args, device)
+
+    def _plan(
+        self,
+        code: ScalarCode,
+        shape: tuple[int, ...],
+        operands: list[Any],
+        nin: int,
+        device: int,
+    ) -> tuple:
+        """(kernel, grid, operands to copy, per-operand stride arguments, tail)."""
         strides = []
+        copy = set()
         for k, a in enumerate(operands):
             st = _elem_strides(a, shape)
             if st is None:
-                if k >= len(inputs):
+                if k >= nin:
                     raise ValueError(
                         "GpuElemwise: an output's strides are not a multiple of its "
                         "itemsize"
                     )
-                a = array.ascontiguous(a, device)
-                operands[k] = a
-                st = _elem_strides(a, shape)
+                copy.add(k)
+                st = _elem_strides(array.ascontiguous(a, device), shape)
             strides.append(st)
         extents, cstrides = collapse_dims(shape, strides)
         n = int(np.prod(shape, dtype=np.int64))
@@ -540,7 +576,8 @@ class GpuElemwise(GpuOp):
                 "c" if (s and s[0] == 1) or not extents else "s" for s in cstrides
             )
             consts = elemwise_consts(code, 0, pattern)
-            args: list[Any] = [*operands, np.int64(n)]
+            per_operand: list[tuple] = [() for _ in operands]
+            tail: tuple = (np.int64(n),)
         else:
             ndim = len(extents)
             if param_bytes(len(operands), ndim) > MAX_PARAM_BYTES:
@@ -551,14 +588,10 @@ class GpuElemwise(GpuOp):
                 )
             wide = n >= 2**31 or any(e >= 2**31 for e in extents)
             consts = elemwise_consts(code, ndim, wide=wide)
-            args = []
-            for a, s in zip(operands, cstrides, strict=True):
-                args.append(a)
-                args.extend(np.int64(v) for v in s)
-            args.extend(np.int64(e) for e in extents)
-            args.append(np.int64(n))
+            per_operand = [tuple(np.int64(v) for v in s) for s in cstrides]
+            tail = (*(np.int64(e) for e in extents), np.int64(n))
         fn = get_kernel("elemwise", device, **consts)
-        launch(fn, grid, _BLOCK, args, device)
+        return fn, grid, frozenset(copy), per_operand, tail
 
     # graph ------------------------------------------------------------
     def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:

@@ -48,7 +48,7 @@ from pytensor.tensor.math import Argmax
 from pytensor.tensor.type import TensorType
 
 from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_variants
+from cc2ops.cuda.compile import get_kernel, kernel_cache, launch, register_variants
 from cc2ops.cuda.device import get_device
 from cc2ops.cuda.elemwise import ScalarCode, collapse_dims, scalar_code
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable
@@ -115,6 +115,12 @@ class ReduceCode:
         self.fold = fold
         self.combine = combine
         self.identity = identity
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the generated code (equal keys, equal kernels)."""
+        return (self.name, self.in_dtype, self.acc_dtype, self.out_dtype,
+                self.fold.digest, self.combine.digest, self.identity)  # fmt: skip
 
     def chunk_code(self) -> ReduceCode:
         """The code that reduces the chunk accumulators of a split reduction."""
@@ -371,17 +377,25 @@ def _is_wide(*counts: int) -> bool:
     return any(c >= 2**31 for c in counts)
 
 
-def run_reduction(
-    code: ReduceCode | None, x: Any, axes: tuple[int, ...], out: Any, device: int
-) -> None:
-    """Reduce GPUArray ``x`` over ``axes`` into the C-contiguous ``out``.
+def _static(
+    n_out: int, n_red: int, nsplit: int, chunk: int,
+    ke: list[int], ks: list[int], re_: list[int], rs: list[int],
+) -> tuple:  # fmt: skip
+    """The launch arguments after the two pointers (see :func:`_args`)."""
+    return tuple(_args(None, None, n_out, n_red, nsplit, chunk, ke, ks, re_, rs)[2:])
 
-    ``code=None`` computes the argmax (``out`` is int64).
-    """
+
+def _plan_reduction(
+    code: ReduceCode | None, x: Any, axes: tuple[int, ...], device: int
+) -> tuple:
+    """``(launches, partial)``: each launch is (kernel, grid, block, source,
+    static args) with source ``"x"`` or ``"partial"`` (its output is the
+    partial buffer when a second launch follows, else ``out``); ``partial``
+    is (elements, dtype) of the split reduction's buffer, or ``None``."""
     ke, ks, re_, rs = split_geometry(tuple(x.shape), _elem_strides(x), axes)
     n_out, n_red = prod(ke), prod(re_)
     if n_out == 0:
-        return
+        return (), None
     dev = get_device(device)
     mode, tpo = _choose(ke, ks, re_, rs, n_red)
     wide = _is_wide(n_out, n_red, *ke, *re_)
@@ -391,36 +405,67 @@ def run_reduction(
                                wide=wide)  # fmt: skip
         fn = get_kernel("reduction", device, **consts)
         grid, block = _grid(mode, tpo, n_out, dev)
-        launch(fn, grid, block, _args(x, out, n_out, n_red, 1, n_red, ke, ks, re_, rs),
-               device)  # fmt: skip
-        return
+        static = _static(n_out, n_red, 1, n_red, ke, ks, re_, rs)
+        return ((fn, grid, block, "x", static),), None
     if mode == "row" and n_red >= SPLIT_FROM and n_out < 2 * dev.multiprocessors:
         nsplit = min(-(-4 * dev.multiprocessors // n_out), -(-n_red // _CHUNK))
         chunk = -(-n_red // nsplit)
-        partial = array.empty((n_out * nsplit,), code.acc_dtype, device)
         consts = reduction_consts(code, mode="row", tpo=256, nk=nk, nr=nr, split=True,
                                   wide=wide)  # fmt: skip
-        fn = get_kernel("reduction", device, **consts)
-        grid, block = _grid("row", 256, n_out * nsplit, dev)
-        launch(fn, grid, block,
-               _args(x, partial, n_out * nsplit, n_red, nsplit, chunk, ke, ks, re_, rs),
-               device)  # fmt: skip
+        fn1 = get_kernel("reduction", device, **consts)
+        grid1, block1 = _grid("row", 256, n_out * nsplit, dev)
+        static1 = _static(n_out * nsplit, n_red, nsplit, chunk, ke, ks, re_, rs)
         # second pass: (n_out, nsplit) accumulators, reduced over the chunks
         ke2, ks2 = ([n_out], [nsplit]) if n_out > 1 else ([], [])
         tpo2 = 256 if nsplit >= BLOCK_ROW_FROM else 32
         consts = reduction_consts(code.chunk_code(), mode="row", tpo=tpo2,
                                   nk=len(ke2), nr=1)  # fmt: skip
-        fn = get_kernel("reduction", device, **consts)
-        grid, block = _grid("row", tpo2, n_out, dev)
-        launch(fn, grid, block,
-               _args(partial, out, n_out, nsplit, 1, nsplit, ke2, ks2, [nsplit], [1]),
-               device)  # fmt: skip
-        return
+        fn2 = get_kernel("reduction", device, **consts)
+        grid2, block2 = _grid("row", tpo2, n_out, dev)
+        static2 = _static(n_out, nsplit, 1, nsplit, ke2, ks2, [nsplit], [1])
+        launches = (
+            (fn1, grid1, block1, "x", static1),
+            (fn2, grid2, block2, "partial", static2),
+        )
+        return launches, (n_out * nsplit, code.acc_dtype)
     consts = reduction_consts(code, mode=mode, tpo=tpo, nk=nk, nr=nr, wide=wide)
     fn = get_kernel("reduction", device, **consts)
     grid, block = _grid(mode, tpo, n_out, dev)
-    launch(fn, grid, block, _args(x, out, n_out, n_red, 1, n_red, ke, ks, re_, rs),
-           device)  # fmt: skip
+    static = _static(n_out, n_red, 1, n_red, ke, ks, re_, rs)
+    return ((fn, grid, block, "x", static),), None
+
+
+#: launch plans of run_reduction, by (device, code, input layout, axes)
+_PLANS: dict[tuple, tuple] = kernel_cache()
+
+
+def run_reduction(
+    code: ReduceCode | None, x: Any, axes: tuple[int, ...], out: Any, device: int
+) -> None:
+    """Reduce GPUArray ``x`` over ``axes`` into the C-contiguous ``out``.
+
+    ``code=None`` computes the argmax (``out`` is int64). The launches are
+    planned once per (code, shape, strides, dtype, axes) and memoised.
+    """
+    key = (device, None if code is None else code.key, tuple(x.shape),
+           tuple(x.strides), str(x.dtype), axes)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan_reduction(code, x, axes, device)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    launches, partial_spec = plan
+    if not launches:
+        return
+    partial = None
+    if partial_spec is not None:
+        partial = array.empty((partial_spec[0],), partial_spec[1], device)
+    last = len(launches) - 1
+    for i, (fn, grid, block, source, static) in enumerate(launches):
+        src = x if source == "x" else partial
+        dst = out if i == last else partial
+        launch(fn, grid, block, [src, dst, *static], device)
 
 
 # --------------------------------------------------------------------------
