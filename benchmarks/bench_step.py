@@ -4,40 +4,46 @@ The cuda-convnet2 one-tower ImageNet net of ``benchmarks/step_net.py``
 (batch 128, 224x224, cross-map norm, overlapping max pooling, momentum SGD
 with weight decay) is timed as one training step:
 
-- cc2ops: ``pytensor.function`` in ``cc2ops.cuda.mode()`` with
+- cc2ops, eager: ``pytensor.function`` in ``cc2ops.cuda.mode()`` with
   ``cc2ops.cuda.shared`` parameters, GPU inputs (pre-uploaded minibatch) and
   GPU outputs, so a step never waits for the device; CUDA events on
-  cc2ops's stream (``time_cuda(on="cc2ops")``).
+  cc2ops's stream (``time_cuda(on="cc2ops")``). Rows ``imagenet_step_b128``.
+- cc2ops, graph: the same function wrapped by
+  :func:`cc2ops.cuda.capture_function`, so that each step replays one CUDA
+  graph (no Python per node). Rows ``imagenet_step_b128_graph``.
 - PyTorch: ``torch.nn.functional`` conv2d / relu / local_response_norm /
   max_pool2d(3, 2, ceil_mode=True) / linear / dropout / cross_entropy and
-  ``torch.optim.SGD(momentum, weight_decay)``, ``cudnn.benchmark=True``;
-  CUDA events on torch's stream.
+  ``torch.optim.SGD(momentum, weight_decay)``, ``cudnn.benchmark=True``,
+  eager; CUDA events on torch's stream. Both rows of a precision carry the
+  same torch time.
 
 Precisions: ``fp32`` (TF32 off in torch -- ``backends.cuda.matmul`` and
-``backends.cudnn`` -- and in cc2ops) and ``tf32`` (on in both).
+``backends.cudnn`` -- and in cc2ops) and ``tf32`` (on in both). A captured
+graph bakes in the precision it was captured with, so each precision
+captures its own.
 
 Stages; what a stage measured is kept (printed, and written to the JSON
 file) when a later stage fails or the time budget runs out:
 
 1. compile the cc2ops step with dropout off; build the torch step;
 2. correctness: from the same parameters and minibatches, a few fp32 steps
-   of both must give the same losses (relative 1e-3); rows carry the
-   outcome (``correct``, ``loss_max_rel``) and a mismatch makes the exit
-   status 1;
-3. timing, fp32 then tf32: one row each (``pass`` "step", ``cc2ops_ms``,
-   ``peer_ms``, ``ratio``, ``images_per_s``, ``peer_images_per_s``); the
-   JSON file is written at once;
+   of both must give the same losses (relative 1e-3), eagerly and replayed
+   as a graph (against a fresh torch net); rows carry the outcome
+   (``correct``, ``loss_max_rel``) and a mismatch makes the exit status 1;
+3. timing, fp32 then tf32: eager and graph rows (``pass`` "step",
+   ``cc2ops_ms``, ``peer_ms``, ``ratio``, ``images_per_s``,
+   ``peer_images_per_s``); the JSON file is written at once;
 4. per-op breakdown: the step compiled with the Python VM
-   (``cc2ops.cuda.mode(linker="py")``), each thunk wrapped to synchronise
-   the device after it and timed, so GPU time is attributed to the op that
-   launched it (each includes a launch and a sync, so the sum exceeds the
-   asynchronous step time); the top 10 op classes go into each row as
-   ``top_ops`` and the file is rewritten;
+   (``cc2ops.cuda.mode(linker="py")``) and profiled node by node with
+   :class:`cc2ops.cuda.profile.ThunkProfile`: device time (each node's
+   kernels run back to back behind a held stream) and host time apart; the
+   ten op classes with the most device time go into each eager row as
+   ``top_ops``, with the step's summed ``device_ms`` and ``host_ms``;
 5. full runs only: the step with dropout 0.5 on both sides (different
    random masks, so not loss-checked; same work), rows ``..._dropout``.
 
 ``--quick``: batch 128, 2 loss-check steps, 2 warm-up + 8 timed steps per
-precision and library, 2 breakdown steps, and a 90 s budget (``--budget``).
+precision and library, 1 profiled step, and a 120 s budget (``--budget``).
 When the budget runs out the run stops where it is, and the rows so far are
 written. ``--dry-run`` needs neither CUDA nor torch: it builds the graphs the
 benchmark compiles and puts them through the GPU mode's rewrites (no
@@ -52,8 +58,8 @@ import signal
 import sys
 import time
 import traceback
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,7 +82,7 @@ from benchmarks.step_net import (  # noqa: E402
 )
 
 LOSS_RTOL = 1e-3
-QUICK = {"check_steps": 2, "warmup": 2, "iters": 8, "breakdown_steps": 2, "budget": 90}
+QUICK = {"check_steps": 2, "warmup": 2, "iters": 8, "breakdown_steps": 1, "budget": 120}
 PRECISIONS = (("fp32", False), ("tf32", True))
 
 # --------------------------------------------------------------------------
@@ -202,69 +208,29 @@ def check_losses(fn: Any, ref: TorchStep, cfg: NetConfig, steps: int) -> dict:
     return {"cc2ops_losses": ours, "torch_losses": theirs, "max_rel": rel, "ok": ok}
 
 
-class SyncedThunks:
-    """Per-op-class time of a Python-VM function, the device synchronised per thunk.
+def breakdown(fn: Any, args: tuple, steps: int, tf32: bool, top: int = 10) -> dict:
+    """Per-op device and host time of a Python-VM step (ThunkProfile)."""
+    from cc2ops.cuda import allow_tf32
+    from cc2ops.cuda.profile import ThunkProfile
 
-    Wraps ``fn.vm.thunks`` once (the Python VMs call them through that list);
-    :meth:`run` returns the top op classes over some steps.
-    """
-
-    def __init__(self, fn: Any, device: int = 0) -> None:
-        from cc2ops.cuda.device import get_device
-
-        self.fn = fn
-        self.dev = get_device(device)
-        self.acc: dict[str, float] = defaultdict(float)
-        vm = fn.vm
-        if not hasattr(vm, "thunks") or not hasattr(vm, "nodes"):
-            raise TypeError(f"SyncedThunks: {type(vm).__name__} has no thunk list")
-        self.nodes = Counter(type(n.op).__name__ for n in vm.nodes)
-        vm.thunks = [
-            self._wrap(t, type(n.op).__name__)
-            for t, n in zip(vm.thunks, vm.nodes, strict=True)
-        ]
-
-    def _wrap(self, thunk: Callable, key: str) -> Callable:
-        acc, dev = self.acc, self.dev
-
-        def run() -> Any:
-            t0 = time.perf_counter()
-            out = thunk()
-            dev.synchronize()
-            acc[key] += time.perf_counter() - t0
-            return out
-
-        for attr in ("inputs", "outputs", "lazy", "perform"):
-            if hasattr(thunk, attr):
-                setattr(run, attr, getattr(thunk, attr))
-        return run
-
-    def run(self, args: tuple, steps: int, tf32: bool, top: int = 10) -> dict:
-        from cc2ops.cuda import allow_tf32
-
-        with allow_tf32(tf32):
-            self.fn(*args)  # warm-up: kernels compiled and loaded
-            self.dev.synchronize()
-            self.acc.clear()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                self.fn(*args)
-            self.dev.synchronize()
-            wall = time.perf_counter() - t0
-        total = sum(self.acc.values())
-        ranked = sorted(self.acc.items(), key=lambda kv: -kv[1])[:top]
-        return {
-            "synced_step_ms": 1e3 * wall / steps,
-            "top_ops": [
-                {
-                    "op": name,
-                    "ms_per_step": 1e3 * t / steps,
-                    "share": t / total if total else 0.0,
-                    "nodes": self.nodes[name],
-                }
-                for name, t in ranked
-            ],
-        }
+    prof = ThunkProfile(fn)
+    with allow_tf32(tf32):
+        res = prof.run(*args, steps=steps, warmup=1)
+    return {
+        "device_ms_summed": res["device_ms"],
+        "host_ms_summed": res["host_ms"],
+        "synchronizing_nodes": res["synchronizing_nodes"],
+        "top_ops": [
+            {
+                "op": e["op"],
+                "device_ms": e["device_ms"],
+                "host_ms": e["host_ms"],
+                "share": e["device_ms"] / res["device_ms"] if res["device_ms"] else 0.0,
+                "nodes": e["nodes"],
+            }
+            for e in res["by_op"][:top]
+        ],
+    }
 
 
 # --------------------------------------------------------------------------
@@ -316,13 +282,15 @@ class Report:
             if "top_ops" not in row:
                 continue
             print(
-                f"\ncc2ops per-op time, {row['name']} {row['precision']} (device "
-                f"synchronised per thunk; {row['synced_step_ms']:.1f} ms/step so):"
+                f"\ncc2ops per-op time, {row['name']} {row['precision']}: device "
+                f"{row['device_ms_summed']:.2f} ms, host {row['host_ms_summed']:.2f} "
+                "ms per step (summed over nodes; ThunkProfile):"
             )
             for r in row["top_ops"]:
                 print(
-                    f"  {r['op']:<32} {r['ms_per_step']:8.3f} ms "
-                    f"{100 * r['share']:5.1f}%  ({r['nodes']} nodes)"
+                    f"  {r['op']:<32} device {r['device_ms']:8.3f} ms "
+                    f"{100 * r['share']:5.1f}%  host {r['host_ms']:7.3f} ms "
+                    f"({r['nodes']} nodes)"
                 )
 
 
@@ -331,11 +299,12 @@ def log(t0: float, msg: str) -> None:
 
 
 def time_rows(
-    report: Report, name: str, cfg: NetConfig, fn: Any, ref: TorchStep, args: dict,
-    check: dict, dropout: float, t0: float,
+    report: Report, name: str, cfg: NetConfig, fn: Any, gfn: Any, ref: TorchStep,
+    args: dict, checks: dict, dropout: float, t0: float,
 ) -> list[dict]:  # fmt: skip
-    """Time ``fn`` and ``ref`` at each precision; one row each, saved at once."""
-    from cc2ops.cuda import allow_tf32
+    """Time ``fn`` eagerly, ``gfn`` replayed as a graph and ``ref`` at each
+    precision; two rows per precision (eager, graph), saved at once."""
+    from cc2ops.cuda import allow_tf32, capture_function
 
     rows = []
     gx, gy, xt, yt = args["gx"], args["gy"], args["xt"], args["yt"]
@@ -346,28 +315,48 @@ def time_rows(
                 lambda: fn(gx, gy), warmup=args["warmup"], iters=args["iters"],
                 on="cc2ops",
             )  # fmt: skip
+            # a graph bakes in the precision it is captured with: one each
+            captured = capture_function(gfn, warmup=1)
+            try:
+                graphed = time_cuda(
+                    lambda c=captured: c(gx, gy), warmup=args["warmup"],
+                    iters=args["iters"], on="cc2ops",
+                )  # fmt: skip
+                nodes = captured.graph.nodes if captured.graph is not None else 0
+            finally:
+                captured.close()
             theirs = time_cuda(
                 lambda: ref.step(xt, yt), warmup=args["warmup"], iters=args["iters"]
             )
         set_torch_tf32(False)
-        row = {
-            "name": name,
-            "batch": cfg.batch,
-            "pass": "step",
-            "precision": precision,
-            "cc2ops_ms": ours,
-            "peer_ms": theirs,
-            "ratio": ours / theirs,
-            "images_per_s": cfg.batch / (ours / 1e3),
-            "peer_images_per_s": cfg.batch / (theirs / 1e3),
-            "dropout": dropout,
-            "timed_steps": args["iters"],
-            "correct": check["ok"],
-            "loss_max_rel": check["max_rel"],
-        }
-        report.rows.append(row)
-        rows.append(row)
-        log(t0, f"{name} {precision}: cc2ops {ours:.2f} ms, torch {theirs:.2f} ms")
+        for suffix, ms, check, extra in (
+            ("", ours, checks["eager"], {"replay": "eager"}),
+            ("_graph", graphed, checks["graph"],
+             {"replay": "cuda graph", "graph_nodes": nodes}),
+        ):  # fmt: skip
+            row = {
+                "name": name + suffix,
+                "batch": cfg.batch,
+                "pass": "step",
+                "precision": precision,
+                "cc2ops_ms": ms,
+                "peer_ms": theirs,
+                "ratio": ms / theirs,
+                "images_per_s": cfg.batch / (ms / 1e3),
+                "peer_images_per_s": cfg.batch / (theirs / 1e3),
+                "dropout": dropout,
+                "timed_steps": args["iters"],
+                "correct": check["ok"],
+                "loss_max_rel": check["max_rel"],
+                **extra,
+            }
+            report.rows.append(row)
+            rows.append(row)
+        log(
+            t0,
+            f"{name} {precision}: cc2ops eager {ours:.2f} ms, graph {graphed:.2f} ms, "
+            f"torch {theirs:.2f} ms",
+        )
         report.save()
     return rows
 
@@ -375,29 +364,39 @@ def time_rows(
 def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
     import torch
 
-    from cc2ops.cuda import array
+    from cc2ops.cuda import array, capture_function
 
     t0 = time.perf_counter()
     torch.backends.cudnn.benchmark = True
     report.peer = torch_peer()
     params = init_params(cfg, seed=0)
 
-    log(t0, "compiling the cc2ops step (dropout off)")
+    log(t0, "compiling the cc2ops step (dropout off), eager and for the graph")
     _, fn = cc2ops_step(cfg, params, dropout=False)
-    ref = TorchStep(cfg, params, dropout=False)
-    log(t0, f"checking losses over {settings['check_steps']} fp32 steps")
-    check = check_losses(fn, ref, cfg, settings["check_steps"])
-    report.extra["loss_check"] = check
-    verdict = "agree" if check["ok"] else "DIFFER"
-    log(
-        t0,
-        f"losses {verdict} (max rel {check['max_rel']:.2e}): cc2ops "
-        f"{check['cc2ops_losses']} torch {check['torch_losses']}",
-    )
-    if not check["ok"]:
-        report.extra["errors"].append(
-            f"cc2ops and torch losses differ: max rel {check['max_rel']:.3e}"
+    _, gfn = cc2ops_step(cfg, params, dropout=False)
+    n = settings["check_steps"]
+    log(t0, f"checking losses over {n} fp32 steps, eager and replayed")
+    checks = {
+        "eager": check_losses(fn, TorchStep(cfg, params, dropout=False), cfg, n),
+        "graph": check_losses(
+            capture_function(gfn, warmup=1),
+            TorchStep(cfg, params, dropout=False), cfg, n,
+        ),
+    }  # fmt: skip
+    report.extra["loss_check"] = checks
+    for kind, check in checks.items():
+        verdict = "agree" if check["ok"] else "DIFFER"
+        log(
+            t0,
+            f"{kind} losses {verdict} (max rel {check['max_rel']:.2e}): cc2ops "
+            f"{check['cc2ops_losses']} torch {check['torch_losses']}",
         )
+        if not check["ok"]:
+            report.extra["errors"].append(
+                f"cc2ops ({kind}) and torch losses differ: max rel "
+                f"{check['max_rel']:.3e}"
+            )
+    ref = TorchStep(cfg, params, dropout=False)
 
     x, y = minibatches(cfg, 1, seed=1)[0]
     args = {
@@ -409,16 +408,20 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
         "iters": settings["iters"],
     }
     name = f"imagenet_step_b{cfg.batch}"
-    rows = time_rows(report, name, cfg, fn, ref, args, check, 0.0, t0)
+    rows = time_rows(report, name, cfg, fn, gfn, ref, args, checks, 0.0, t0)
 
     log(t0, "compiling the step with the Python VM for the per-op breakdown")
     _, pfn = cc2ops_step(cfg, params, dropout=False, linker="py")
-    synced = SyncedThunks(pfn)
-    for row, (precision, tf32) in zip(rows, PRECISIONS, strict=True):
+    eager_rows = [r for r in rows if r["replay"] == "eager"]
+    for row, (precision, tf32) in zip(eager_rows, PRECISIONS, strict=True):
         row.update(
-            synced.run((args["gx"], args["gy"]), settings["breakdown_steps"], tf32)
+            breakdown(pfn, (args["gx"], args["gy"]), settings["breakdown_steps"], tf32)
         )
-        log(t0, f"breakdown {precision}: {row['synced_step_ms']:.1f} ms/step synced")
+        log(
+            t0,
+            f"breakdown {precision}: device {row['device_ms_summed']:.2f} ms, host "
+            f"{row['host_ms_summed']:.2f} ms per step (summed over nodes)",
+        )
         report.save()
 
     if quick:
@@ -426,8 +429,10 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
     log(t0, "compiling the cc2ops step with dropout")
     dcfg = cfg.with_(dropout=0.5) if cfg.dropout <= 0 else cfg
     _, dfn = cc2ops_step(dcfg, params, dropout=True)
+    _, dgfn = cc2ops_step(dcfg, params, dropout=True)
     dref = TorchStep(dcfg, params, dropout=True)
-    time_rows(report, f"{name}_dropout", dcfg, dfn, dref, args, check, dcfg.dropout, t0)
+    time_rows(report, f"{name}_dropout", dcfg, dfn, dgfn, dref, args, checks,
+              dcfg.dropout, t0)  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -526,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     report = Report(args.out, settings)
     report.extra["timing"] = (
-        "CUDA events, median: cc2ops stream for cc2ops, torch stream for torch; "
-        "top_ops: Python VM, device synchronised after each thunk"
+        "CUDA events, median: cc2ops stream for cc2ops (eager, and replayed as a "
+        "CUDA graph), torch stream for torch (eager); top_ops: Python VM, "
+        "ThunkProfile (each node's device time behind a held stream)"
     )
     failed = False
     try:
