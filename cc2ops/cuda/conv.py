@@ -698,7 +698,8 @@ class Igemm:
         if None in fields:
             return f"igemm_{c}"
         bm, bn, bk, wm, wn, st = fields
-        return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}"
+        tm = "_tm" if getattr(c, "tapmajor", False) else ""
+        return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}{tm}"
 
     def applies(self, op: str, g: ConvGeometry, dtype: Any, precision: str) -> bool:
         mod = _conv_igemm()

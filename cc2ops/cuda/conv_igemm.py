@@ -104,6 +104,10 @@ __all__ = [
     "PRECISIONS",
     "TileConfig",
     "TILES",
+    "TAP_TILES",
+    "tap_channels",
+    "tapmajor_ok",
+    "permuted_weights",
     "Plan",
     "gemm_shape",
     "fastdiv_magic",
@@ -153,6 +157,12 @@ class TileConfig:
     from the mma fragments (4 scattered pairs of floats per row); needs a warp
     tile ``bn/wn`` that is a multiple of 32, else the direct stores are used.
     Both off is the original kernel.
+
+    ``tapmajor`` (``filter_acts`` and ``image_acts`` only): K runs over the
+    filter taps outermost and the channels (filters) innermost, with the
+    weights permuted to match first, so that a ``bk``-deep slice of K is one
+    tap and B's copies need no per-element index arithmetic; applies when
+    ``bk`` divides the channels (filters) per group (:func:`tapmajor_ok`).
     """
 
     bm: int
@@ -163,6 +173,7 @@ class TileConfig:
     stages: int = 3
     vec: bool = True
     stage_c: bool = True
+    tapmajor: bool = False
 
     @property
     def threads(self) -> int:
@@ -221,6 +232,7 @@ class TileConfig:
     @property
     def label(self) -> str:
         flags = ("" if self.vec else "_a4") + ("" if self.stage_c else "_cdirect")
+        flags += "_tm" if self.tapmajor else ""
         return (
             f"bm{self.bm}_bn{self.bn}_bk{self.bk}_w{self.wm}x{self.wn}_st{self.stages}"
             + flags
@@ -234,6 +246,17 @@ TILES = (
     TileConfig(64, 128, 16, 2, 2),  # 128 threads, warp tile 32x64
     TileConfig(64, 64, 32, 2, 2),  # 128 threads, warp tile 32x32
     TileConfig(32, 128, 32, 1, 4),  # 128 threads, warp tile 32x32, small M
+)
+
+#: Tap-major tiles offered beside :data:`TILES` where :func:`tapmajor_ok`.
+TAP_TILES = (
+    TileConfig(128, 128, 16, 2, 4, tapmajor=True),
+    TileConfig(128, 128, 32, 2, 4, tapmajor=True),
+    TileConfig(192, 128, 16, 2, 4, tapmajor=True),  # warp tile 96x32: M = 192
+    TileConfig(128, 64, 16, 2, 2, tapmajor=True),
+    TileConfig(64, 128, 16, 2, 2, tapmajor=True),
+    TileConfig(64, 64, 32, 2, 2, tapmajor=True),
+    TileConfig(32, 128, 32, 1, 4, tapmajor=True),  # small M (conv1's dgrad: 3)
 )
 
 
@@ -310,21 +333,66 @@ def _div(n: np.ndarray, d: int) -> np.ndarray:
     return fastdiv(n, *fastdiv_magic(d))
 
 
+def tap_channels(op: str, g: ConvGeometry) -> int:
+    """The inner extent of a tap-major K: channels per group (``filter_acts``)
+    or filters per group (``image_acts``)."""
+    d = _dims(g)
+    if op == "filter_acts":
+        return d["Cg"]
+    if op == "image_acts":
+        return d["Fg"]
+    raise ValueError(
+        f"conv_igemm: only filter_acts and image_acts are tap-major, got {op!r}"
+    )
+
+
+def tapmajor_ok(op: str, g: ConvGeometry, config: TileConfig) -> bool:
+    """Whether the tap-major kernel applies: its ``bk``-deep K slices must each
+    lie within one tap, so ``bk`` must divide :func:`tap_channels`."""
+    return op in ("filter_acts", "image_acts") and tap_channels(op, g) % config.bk == 0
+
+
+def permuted_weights(op: str, g: ConvGeometry, w: np.ndarray) -> np.ndarray:
+    """The weights as the tap-major kernels read them (what ``_wperm`` writes).
+
+    ``filter_acts``: ``wp[f][t][c] = w[f][c][t]``, (F, kh*kw*Cg);
+    ``image_acts``: ``wq[grp][c][t][f] = w[grp*Fg + f][c][t]``,
+    (groups, Cg, kh*kw*Fg); ``t = u*kw + v``.
+    """
+    d = _dims(g)
+    khkw = d["KH"] * d["KW"]
+    w3 = np.asarray(w).reshape(d["F"], d["Cg"], khkw)
+    if op == "filter_acts":
+        return np.ascontiguousarray(w3.transpose(0, 2, 1)).reshape(d["F"], -1)
+    w4 = w3.reshape(d["G"], d["Fg"], d["Cg"], khkw)
+    return np.ascontiguousarray(w4.transpose(0, 2, 3, 1)).reshape(d["G"], d["Cg"], -1)
+
+
 def a_offset(
-    op: str, g: ConvGeometry, grp: int, m: np.ndarray, k: np.ndarray
+    op: str,
+    g: ConvGeometry,
+    grp: int,
+    m: np.ndarray,
+    k: np.ndarray,
+    tapmajor: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat offset into A's tensor (w, w, dy) of ``A[m, k]``, and its predicate.
 
     ``filter_acts``: ``w[grp*Fg + m][k]``; ``image_acts``: ``w[grp*Fg +
     f][m][t]`` with ``k = f*kh*kw + t``; ``weight_acts``: ``dy[img][grp*Fg +
     m][pix]`` with ``k = img*Ho*Wo + pix``. Offsets where the predicate is
-    False are meaningless (the kernel copies a zero there).
+    False are meaningless (the kernel copies a zero there). ``tapmajor``: A's
+    tensor is :func:`permuted_weights`, row ``grp*Fg + m`` (``filter_acts``)
+    or ``grp*Cg + m`` (``image_acts``) of K elements.
     """
     d = _dims(g)
     m, k = np.broadcast_arrays(np.asarray(m, np.int64), np.asarray(k, np.int64))
     big_m, _, big_k = gemm_shape(op, g)
     ok = (m < big_m) & (k < big_k)
     khkw = d["KH"] * d["KW"]
+    if tapmajor:
+        rows = d["Fg"] if op == "filter_acts" else d["Cg"]
+        return (grp * rows + m) * big_k + k, ok
     if op == "filter_acts":
         off = (grp * d["Fg"] + m) * big_k + k
     elif op == "image_acts":
@@ -339,8 +407,27 @@ def a_offset(
     return off, ok
 
 
+def _tap_split(
+    op: str, g: ConvGeometry, k: np.ndarray, tapmajor: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(channel or filter, tap t = u*kw + v) of a K index of fwd or dgrad."""
+    d = _dims(g)
+    khkw = d["KH"] * d["KW"]
+    if tapmajor:
+        ck = tap_channels(op, g)
+        t = k // ck
+        return k - t * ck, t
+    c = k // khkw
+    return c, k - c * khkw
+
+
 def b_offset(
-    op: str, g: ConvGeometry, grp: int, k: np.ndarray, n: np.ndarray
+    op: str,
+    g: ConvGeometry,
+    grp: int,
+    k: np.ndarray,
+    n: np.ndarray,
+    tapmajor: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat offset into B's tensor (x, dy, x) of ``B[k, n]``, and its predicate.
 
@@ -349,21 +436,21 @@ def b_offset(
     ``image_acts``: ``dy[img][grp*Fg + f][(ih + ph - u)/sh][(iw + pw -
     v)/sw]`` with ``n = (img*H + ih)*W + iw``, ``k = (f*kh + u)*kw + v``, where
     both quotients are exact and inside the output; ``weight_acts``: as
-    ``filter_acts`` with the roles of k and n exchanged.
+    ``filter_acts`` with the roles of k and n exchanged. ``tapmajor``:
+    ``k = (u*kw + v)*Cg + c`` (``filter_acts``) or ``(u*kw + v)*Fg + f``
+    (``image_acts``) instead.
     """
     d = _dims(g)
     k, n = np.broadcast_arrays(np.asarray(k, np.int64), np.asarray(n, np.int64))
     _, big_n, big_k = gemm_shape(op, g)
     ok = (k < big_k) & (n < big_n)
-    khkw = d["KH"] * d["KW"]
     if op == "image_acts":
         hw = d["H"] * d["W"]
         img = _div(n, hw)
         pix = n - img * hw
         ih = _div(pix, d["W"])
         iw = pix - ih * d["W"]
-        f = k // khkw
-        t = k - f * khkw
+        f, t = _tap_split(op, g, k, tapmajor)
         u = t // d["KW"]
         v = t - u * d["KW"]
         ohn = ih + d["PH"] - u
@@ -380,8 +467,7 @@ def b_offset(
     pix = pixel - img * ohw
     oh = _div(pix, d["OW"])
     ow = pix - oh * d["OW"]
-    c = tap // khkw
-    t = tap - c * khkw
+    c, t = _tap_split(op, g, tap, tapmajor and op == "filter_acts")
     u = t // d["KW"]
     v = t - u * d["KW"]
     ih = oh * d["SH"] - d["PH"] + u
@@ -461,6 +547,11 @@ def emulate(
     element of the output must be written exactly once per slice.
     """
     config = config or TILES[0]
+    tm = config.tapmajor
+    if tm:
+        if not tapmajor_ok(op, g, config):
+            raise ValueError(f"conv_igemm.emulate: tap-major {config} does not apply")
+        a = permuted_weights(op, g, a)
     big_m, big_n, big_k = gemm_shape(op, g)
     d = _dims(g)
     pm = -(-big_m // config.bm) * config.bm
@@ -473,8 +564,8 @@ def emulate(
     m = np.arange(pm)[:, None]
     n = np.arange(pn)[None, :]
     for grp in range(d["G"]):
-        big_a = _gather(a, *a_offset(op, g, grp, m, np.arange(pk)[None, :]))
-        big_b = _gather(b, *b_offset(op, g, grp, np.arange(pk)[:, None], n))
+        big_a = _gather(a, *a_offset(op, g, grp, m, np.arange(pk)[None, :], tm))
+        big_b = _gather(b, *b_offset(op, g, grp, np.arange(pk)[:, None], n, tm))
         store = (m < big_m) & (n < big_n)
         for s in range(splits):
             ks = slice(s * k_chunk, min(big_k, (s + 1) * k_chunk))
@@ -705,7 +796,7 @@ def emulate_epilogue(config: TileConfig, c_tile: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-def a_vector_width(op: str, g: ConvGeometry) -> int:
+def a_vector_width(op: str, g: ConvGeometry, tapmajor: bool = False) -> int:
     """4 when every k-aligned group of 4 elements of A is one 16-byte vector.
 
     That is: contiguous in memory, 16-byte aligned (given an aligned base
@@ -713,12 +804,13 @@ def a_vector_width(op: str, g: ConvGeometry) -> int:
     ``filter_acts``: A is w viewed as (F, K), so ``K % 4 == 0``.
     ``weight_acts``: A[m, k] is ``dy[img][grp*Fg + m][pix]``, contiguous
     within one image, so ``Ho*Wo % 4 == 0``. ``image_acts``: A[m, k] is
-    ``w[grp*Fg + f][m][t]``, not contiguous along k: 1.
+    ``w[grp*Fg + f][m][t]``, not contiguous along k: 1. Tap-major: A is a
+    row of :func:`permuted_weights` (K contiguous elements), so ``K % 4 == 0``.
     """
     if op not in OPS:
         raise ValueError(f"conv_igemm: op must be one of {OPS}, got {op!r}")
     d = _dims(g)
-    if op == "filter_acts":
+    if op == "filter_acts" or (tapmajor and op == "image_acts"):
         return 4 if gemm_shape(op, g)[2] % 4 == 0 else 1
     if op == "weight_acts":
         return 4 if (d["OH"] * d["OW"]) % 4 == 0 else 1
@@ -729,9 +821,17 @@ def _consts(
     op: str, g: ConvGeometry, config: TileConfig, precision: str, aligned: bool = True
 ) -> dict:
     d = _dims(g)
-    avec = a_vector_width(op, g) if config.vec and config.can_vec() and aligned else 1
+    tm = config.tapmajor
+    if tm and not tapmajor_ok(op, g, config):
+        raise ValueError(
+            f"conv_igemm: tap-major tile {config.label} applies to filter_acts and "
+            f"image_acts whose channels (filters) per group bk={config.bk} divides, "
+            f"not {op} on {g}"
+        )
+    vec_ok = config.vec and config.can_vec() and aligned
+    avec = a_vector_width(op, g, tm) if vec_ok else 1
     consts = dict(
-        op=_TAG[op],
+        op=_TAG[op] + ("tm" if tm else ""),
         KH=d["KH"],
         KW=d["KW"],
         SH=d["SH"],
@@ -930,13 +1030,19 @@ def variants(op: str, geometry: ConvGeometry, precision: str) -> list[TileConfig
 
     Drops tiles whose M is more than twice the GEMM's M (mostly idle rows).
     Each has the default data paths (``vec`` and ``stage_c`` on); tiles that
-    differ only in those are distinguished by ``TileConfig.label``.
+    differ only in those are distinguished by ``TileConfig.label``. The
+    tap-major tiles of :data:`TAP_TILES` come last, where they apply.
     """
     if not supports(op, geometry, np.float32, precision):
         return []
     big_m, _, _ = gemm_shape(op, geometry)
-    out = [t for t in TILES if t.bm <= max(32, 2 * big_m)]
-    return out or [TILES[-1]]
+    out = [t for t in TILES if t.bm <= max(32, 2 * big_m)] or [TILES[-1]]
+    out += [
+        t
+        for t in TAP_TILES
+        if t.bm <= max(32, 2 * big_m) and tapmajor_ok(op, geometry, t)
+    ]
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -965,6 +1071,10 @@ class _Recipe:
     static_args: tuple
     reduce_fn: Any
     reduce_blocks: int
+    #: tap-major: the weight permutation kernel, its grid, its output's size
+    perm_fn: Any = None
+    perm_blocks: int = 0
+    perm_size: int = 0
 
 
 _RECIPES: dict[tuple, _Recipe] = kernel_cache()
@@ -1011,7 +1121,13 @@ def _recipe(
         # the reduction lives in the wgrad kernel's module
         red = get_kernel("conv_igemm", device, f"{p.consts['name']}_sum", **p.consts)
         blocks = min(-(-total // _REDUCE_BLOCK), 8 * dev.multiprocessors)
-    recipe = _Recipe(p, fn, static, red, blocks)
+    perm, perm_blocks, perm_size = None, 0, 0
+    if p.config.tapmajor:
+        perm = get_kernel("conv_igemm", device, f"{p.consts['name']}_wperm", **p.consts)
+        perm_size = d["F"] * d["Cg"] * d["KH"] * d["KW"]
+        perm_blocks = min(-(-perm_size // _REDUCE_BLOCK), 8 * dev.multiprocessors)
+        perm_blocks = max(1, perm_blocks)
+    recipe = _Recipe(p, fn, static, red, blocks, perm, perm_blocks, perm_size)
     _RECIPES[key] = recipe
     return recipe
 
@@ -1041,12 +1157,21 @@ def _run(
         )
     if not array.is_c_contiguous(out):
         raise ValueError(f"conv_igemm.{op}: out must be C-contiguous")
-    aligned = array.ptr(a) % 16 == 0
+    # tap-major kernels read the permuted copy, a fresh (aligned) allocation
+    aligned = array.ptr(a) % 16 == 0 or bool(config and config.tapmajor)
     r = _recipe(op, g, precision, device, config, splits, aligned)
     p = r.plan
     target = out
     if p.splits > 1:
         target = array.empty((p.splits, *out_shape), np.float32, device)
+    if r.perm_fn is not None:
+        # tap-major: A is the weights permuted to (tap, channel) order
+        d = _dims(g)
+        wp = array.empty((r.perm_size,), np.float32, device)
+        launch(r.perm_fn, r.perm_blocks, _REDUCE_BLOCK,
+               [a, wp, np.int32(d["G"]), np.int32(d["Cg"]), np.int32(d["Fg"])],
+               device)  # fmt: skip
+        a = wp
     launch(r.fn, p.grid, p.block, [a, b, target, *r.static_args], device,
            shared_mem=p.shared_bytes)  # fmt: skip
     if p.splits > 1:
@@ -1164,4 +1289,8 @@ def _variants() -> list[dict[str, Any]]:
         _consts("image_acts", conv3, TILES[2], "tf32"),
         _consts("weight_acts", conv3, TILES[1], "fp32"),
         _consts("weight_acts", res14, TILES[4], "tf32"),
+        _consts("filter_acts", conv3, TAP_TILES[0], "tf32"),
+        _consts("filter_acts", conv2, TAP_TILES[2], "fp32"),
+        _consts("image_acts", conv3, TAP_TILES[1], "fp32"),
+        _consts("image_acts", conv1, TAP_TILES[5], "tf32"),
     ]

@@ -72,6 +72,15 @@ Pair = tuple[int, int]
 _BC01 = "(B, C, H, W)"
 _BLOCK = 256
 _KINDS = ("max_fwd", "max_grad", "max_gradgrad", "avg_fwd", "avg_grad")
+#: The shared-memory kernels of the kinds that have one (whole planes per block).
+_PLANE_KINDS = {
+    "max_fwd": "max_fwd_plane",
+    "avg_fwd": "avg_fwd_plane",
+    "max_grad": "max_grad_plane",
+}
+#: Input pixels a plane kernel's block aims for, and its shared-memory cap.
+_PLANE_PIXELS = 4096
+_PLANE_SMEM = 48 * 1024
 _DT = {"float32": "f32", "float64": "f64"}
 
 
@@ -137,6 +146,11 @@ def _consts(
 @register_variants("pool")
 def _pool_variants() -> list[dict[str, Any]]:
     out = [_consts(k, (3, 3), (2, 2), (0, 0), "float32", False) for k in _KINDS]
+    out += [
+        _consts(k, (3, 3), (2, 2), (0, 0), "float32", False)
+        for k in _PLANE_KINDS.values()
+    ]
+    out.append(_consts("max_grad_plane", (2, 3), (3, 1), (1, -1), "float64", False))
     out.append(_consts("max_fwd", (2, 3), (3, 1), (1, -1), "float64", True))
     out.append(_consts("max_grad", (2, 3), (3, 1), (1, -1), "float64", True))
     out.append(_consts("avg_grad", (2, 2), (1, 2), (0, 1), "float64", False))
@@ -164,6 +178,66 @@ def _launch(
     fn = get_kernel("pool", device, **consts)
     grid = max(1, min((n + _BLOCK - 1) // _BLOCK, dev.multiprocessors * 16))
     launch(fn, grid, _BLOCK, list(args), device)
+
+
+def plane_plan(kind: str, image: tuple, pooled: tuple, itemsize: int) -> Any:
+    """``(planes per block, shared bytes)`` of ``kind``'s plane kernel, or
+    ``None`` when the kind has none or a plane does not fit in shared memory.
+
+    Blocks take about :data:`_PLANE_PIXELS` input pixels; where a plane's size
+    is not a multiple of 4, the count is a multiple of 4 (when at least 4) so
+    that every block's planes start 16-byte aligned.
+    """
+    if kind not in _PLANE_KINDS:
+        return None
+    b, c, h, w = image
+    hw, howo = h * w, pooled[2] * pooled[3]
+    if hw == 0 or howo == 0:
+        return None
+
+    def pad(n: int) -> int:
+        return -(-n * itemsize // 16) * 16
+
+    def smem(ppb: int) -> int:
+        if kind == "max_grad":
+            return pad(ppb * hw) + 2 * pad(ppb * howo) + 4 * ppb * howo
+        return pad(ppb * hw)
+
+    if smem(1) > _PLANE_SMEM:
+        return None
+    ppb = max(1, min(b * c, _PLANE_PIXELS // hw))
+    while ppb > 1 and smem(ppb) > _PLANE_SMEM:
+        ppb -= 1
+    if hw % 4 and ppb >= 4:
+        ppb -= ppb % 4
+    return ppb, smem(ppb)
+
+
+def _launch_plane(
+    kind: str,
+    arrays: Sequence[Any],
+    image: tuple,
+    pooled: tuple,
+    size: Pair,
+    stride: Pair,
+    start: Pair,
+    dtype: str,
+    device: int,
+) -> bool:
+    """Launch ``kind``'s plane kernel if it applies; returns whether it did."""
+    plan = plane_plan(kind, image, pooled, np.dtype(dtype).itemsize)
+    if plan is None:
+        return False
+    ppb, smem = plan
+    planes = image[0] * image[1]
+    consts = _consts(_PLANE_KINDS[kind], size, stride, start, dtype, False)
+    fn = get_kernel("pool", device, **consts)
+    geometry = [np.int64(planes), np.int32(image[2]), np.int32(image[3]),
+                np.int32(pooled[2]), np.int32(pooled[3]), np.int32(ppb)]  # fmt: skip
+    if planes:
+        launch(fn, -(-planes // ppb), _BLOCK, [*arrays, *geometry], device,
+               shared_mem=smem)  # fmt: skip
+    return True
 
 
 def _index_args(image: tuple, pooled: tuple) -> tuple[bool, list[Any]]:
@@ -217,6 +291,9 @@ def max_pool_forward(
     shape = tuple(int(s) for s in x.shape)
     out_shape = _pooled(op, shape, size, stride, start)
     y = array.empty(out_shape, x.dtype, device)
+    if _launch_plane("max_fwd", [x, y], shape, out_shape, size, stride, start,
+                     str(x.dtype), device):  # fmt: skip
+        return y
     wide, geometry = _index_args(shape, out_shape)
     n = int(np.prod(out_shape))
     _launch("max_fwd", [x, y, *geometry], n, wide, size, stride, start, x.dtype, device)
@@ -256,6 +333,9 @@ def _max_backward(
     x, y, t = (array.ascontiguous(a, device) for a in (x, y, t))
     out_shape = image if kind == "max_grad" else pooled
     out = array.empty(out_shape, x.dtype, device)
+    if _launch_plane(kind, [x, y, t, out], image, pooled, size, stride, start,
+                     str(x.dtype), device):  # fmt: skip
+        return out
     wide, geometry = _index_args(image, pooled)
     n = int(np.prod(out_shape))
     _launch(
@@ -321,6 +401,9 @@ def avg_pool_forward(
     shape = tuple(int(s) for s in x.shape)
     out_shape = _pooled(op, shape, size, stride, start)
     y = array.empty(out_shape, x.dtype, device)
+    if _launch_plane("avg_fwd", [x, y], shape, out_shape, size, stride, start,
+                     str(x.dtype), device):  # fmt: skip
+        return y
     wide, geometry = _index_args(shape, out_shape)
     n = int(np.prod(out_shape))
     _launch("avg_fwd", [x, y, *geometry], n, wide, size, stride, start, x.dtype, device)

@@ -62,16 +62,39 @@ _DT = {"float32": "f32", "float64": "f64"}
 
 @register_namer("response_norm")
 def cross_map_norm_kernel_name(
-    kind: str, size: int, channels: int, blocked: bool, dtype: str, wide: bool, **_: Any
+    kind: str,
+    size: int,
+    channels: int,
+    blocked: bool,
+    dtype: str,
+    wide: bool,
+    chunk: int = 0,
+    **_: Any,
 ) -> str:
-    """``cross_map_norm_fwd_n5_c64_f32``; ``_blk`` for blocked, ``_i64`` for wide."""
+    """``cross_map_norm_fwd_n5_c64_f32_ch16``: ``_blk`` for blocked, ``_i64`` for
+    wide, ``_ch<k>`` when a thread walks k channels of more."""
+    chunk = chunk or channels
     name = f"cross_map_norm_{kind}_n{size}"
     if blocked:
         name += "_blk"
     name += f"_c{channels}_{_DT[dtype]}"
     if wide:
         name += "_i64"
+    if chunk < channels:
+        name += f"_ch{chunk}"
     return name
+
+
+#: Channels per thread of the overlapping kernels (more threads for layers
+#: with few columns); up to this many channels a thread takes them all.
+CHUNK = 16
+
+
+def channel_chunk(channels: int, blocked: bool) -> int:
+    """Channels one thread walks: all of them when blocked or few, else CHUNK."""
+    if blocked or channels <= CHUNK + CHUNK // 2:
+        return max(1, int(channels))
+    return CHUNK
 
 
 def _consts(
@@ -84,6 +107,7 @@ def _consts(
         blocked=bool(blocked),
         dtype=str(dtype),
         wide=bool(wide),
+        chunk=channel_chunk(channels, blocked),
     )
     c["name"] = cross_map_norm_kernel_name(**c)
     return c
@@ -94,6 +118,8 @@ def _response_norm_variants() -> list[dict[str, Any]]:
     out = []
     for kind in ("fwd", "grad"):
         out.append(_consts(kind, 5, 64, False, "float32", False))
+        out.append(_consts(kind, 5, 192, False, "float32", False))
+        out.append(_consts(kind, 4, 37, False, "float64", False))
         out.append(_consts(kind, 3, 7, True, "float32", False))
         out.append(_consts(kind, 2, 5, False, "float64", True))
     out.append(_consts("grad", 7, 3, False, "float64", False))
@@ -134,7 +160,8 @@ def _launch(
         return
     from cc2ops.cuda.device import get_device
 
-    wide = b * c * h * w >= 2**31
+    # 64-bit indices when an element index or the thread count needs them
+    wide = max(b * c * h * w, columns * -(-c // channel_chunk(c, blocked))) >= 2**31
     t = np.dtype(dtype).type
     scalars = [t(k), t(alpha / size), t(-beta)]
     if kind == "grad":
@@ -143,7 +170,8 @@ def _launch(
         "response_norm", device, **_consts(kind, size, c, blocked, dtype, wide)
     )
     dev = get_device(device)
-    grid = max(1, min((columns + _BLOCK - 1) // _BLOCK, dev.multiprocessors * 32))
+    threads = columns * -(-c // channel_chunk(c, blocked))
+    grid = max(1, min((threads + _BLOCK - 1) // _BLOCK, dev.multiprocessors * 32))
     idx = np.int64(columns) if wide else np.uint32(columns)
     launch(fn, grid, _BLOCK, [*arrays, idx, np.int32(h * w), *scalars], device)
 

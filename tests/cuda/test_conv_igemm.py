@@ -83,6 +83,9 @@ def rel_err(got, want) -> float:
     return float(diff / max(np.linalg.norm(want), 1e-30))
 
 
+#: Every tile the autotuner may run (the structural checks apply to all).
+ALL_TILES = ci.TILES + ci.TAP_TILES
+
 #: Shapes of the sweeps: odd batches and channels, groups, rectangular images
 #: and filters, strides and paddings (b, c, hw, f, khw, stride, pad, groups).
 SHAPES = {
@@ -125,6 +128,56 @@ def test_emulated_split_k_slices_sum_to_weight_acts(splits):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+#: Tap-major shapes: channels and filters per group multiples of 32
+#: (b, c, hw, f, khw, stride, pad, groups).
+TAP_SHAPES = {
+    "b3 c32 f64 3x3 p1": (3, 32, 7, 64, 3, 1, 1, 1),
+    "b2 c64 f32 5x5 p2 rect": (2, 64, (9, 6), 32, (5, 3), 1, (2, 1), 1),
+    "b2 c64 f64 s2 g2": (2, 64, 9, 64, 3, 2, 1, 2),
+    "b1 c32 f32 11x11 s4 p2": (1, 32, 23, 32, 11, 4, 2, 1),
+    "b5 c32 f96 1x1": (5, 32, 6, 96, 1, 1, 0, 1),
+}
+
+
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("label", list(TAP_SHAPES))
+def test_emulated_tapmajor_index_maps_match_the_references(op, label):
+    g = geom(*TAP_SHAPES[label])
+    x, w, dy = tensors(g, dtype=np.float64)
+    want = reference(op, g, x, w, dy)
+    tiles = [t for t in ci.TAP_TILES if ci.tapmajor_ok(op, g, t)]
+    assert tiles, label
+    for config in tiles:
+        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
+
+
+def test_permuted_weights_and_when_tapmajor_applies():
+    g = geom(2, 64, 9, 32, (3, 2), 1, 1, 2)  # Cg 32, Fg 16
+    w = np.arange(32 * 32 * 6, dtype=np.float64).reshape(32, 32, 3, 2)
+    wp = ci.permuted_weights("filter_acts", g, w)
+    assert wp.shape == (32, 6 * 32)
+    assert wp[5, 4 * 32 + 7] == w[5, 7, 2, 0]  # tap 4 = (u 2, v 0), channel 7
+    wq = ci.permuted_weights("image_acts", g, w)
+    assert wq.shape == (2, 32, 6 * 16)
+    assert wq[1, 3, 5 * 16 + 9] == w[16 + 9, 3, 2, 1]
+    t16, t32 = ci.TAP_TILES[0], ci.TAP_TILES[1]
+    assert ci.tapmajor_ok("filter_acts", g, t32) and ci.tapmajor_ok(
+        "image_acts", g, t16
+    )
+    assert not ci.tapmajor_ok("image_acts", g, t32)  # Fg 16
+    assert not ci.tapmajor_ok("weight_acts", g, t16)
+    conv1 = geom(8, 3, 224, 64, 11, 4, 2)
+    assert not any(t.tapmajor for t in ci.variants("filter_acts", conv1, "tf32"))
+    assert any(t.tapmajor for t in ci.variants("image_acts", conv1, "tf32"))
+    with pytest.raises(ValueError, match="tap-major tile .* applies to"):
+        ci.plan("image_acts", g, "tf32", t32)
+    p = ci.plan("filter_acts", g, "fp32", t32)
+    assert p.consts["op"] == "fwdtm" and p.consts["AVEC"] == 4
+    assert "_fwdtm_" in p.consts["name"] and t32.label.endswith("_tm")
+    assert ci.a_vector_width("image_acts", g, tapmajor=True) == 4
+
+
 def test_emulated_batch_129_alexnet_conv3_slice():
     g = geom(129, 6, 13, 5, 3, 1, 1)
     x, w, dy = tensors(g, dtype=np.float64)
@@ -151,7 +204,7 @@ def test_fastdiv_matches_floor_division():
         ci.fastdiv_magic(0)
 
 
-@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
 @pytest.mark.parametrize("op", ci.OPS)
 def test_load_maps_cover_each_tile_once(config, op):
     assert config.valid() and config.can_vec()
@@ -230,7 +283,7 @@ def test_plan_uses_16_byte_copies_where_exact():
     assert ci.plan("filter_acts", conv3, "tf32", narrow).consts["STAGE_C"] == 0
 
 
-@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
 @pytest.mark.parametrize("op", ["filter_acts", "weight_acts"])
 def test_fragments_with_permuted_k_reproduce_the_block_product(config, op):
     r = np.random.default_rng(2)
@@ -240,7 +293,7 @@ def test_fragments_with_permuted_k_reproduce_the_block_product(config, op):
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_stores_each_element_once(config):
     c = np.random.default_rng(3).standard_normal((config.bm, config.bn))
     np.testing.assert_array_equal(ci.emulate_epilogue(config, c), c)
@@ -258,7 +311,7 @@ def _bank_conflicts(addresses: np.ndarray, width: int) -> int:
     return worst
 
 
-@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
 @pytest.mark.parametrize("op", ["filter_acts", "weight_acts"])
 def test_fragment_loads_are_free_of_bank_conflicts(config, op):
     for warp in range(config.threads // 32):
@@ -281,7 +334,7 @@ def test_fragment_loads_are_free_of_bank_conflicts(config, op):
                         assert _bank_conflicts(b[:, nt, kk, q], 1) == 0
 
 
-@pytest.mark.parametrize("config", ci.TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_is_free_of_bank_conflicts(config):
     for warp in range(config.threads // 32):
         maps = [ci.epilogue_map(config, (lane, warp)) for lane in range(32)]
@@ -434,7 +487,7 @@ def test_variants_are_valid_tiles():
     g = geom(8, 3, 224, 64, 11, 4, 2)
     for op in ci.OPS:
         vs = ci.variants(op, g, "tf32")
-        assert vs and all(v in ci.TILES and v.valid() for v in vs)
+        assert vs and all(v in ALL_TILES and v.valid() for v in vs)
     assert ci.TileConfig(128, 128, 16, 2, 4) in ci.variants("filter_acts", g, "tf32")
     # image_acts of conv1 has M = 3: no 128-row tiles
     assert all(v.bm <= 32 for v in ci.variants("image_acts", g, "tf32"))
@@ -447,7 +500,7 @@ def test_kernel_names_carry_the_specialisation():
 
     load_gpu_op_modules()
     names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
-    assert 4 <= len(names) <= 8 and len(set(names)) == len(names)
+    assert 4 <= len(names) <= 12 and len(set(names)) == len(names)
     for f, c in all_variants():
         if f == "conv_igemm":
             assert kernel_name(f, **c) == c["name"]
@@ -456,7 +509,12 @@ def test_kernel_names_carry_the_specialisation():
     consts = [c for f, c in all_variants() if f == "conv_igemm"]
     for key, values in (("AVEC", {1, 4}), ("STAGE_C", {0, 1}), ("SPLIT", {1, 3})):
         assert {c[key] for c in consts} == values, key
-    assert {c["op"] for c in consts if c["AVEC"] == 4} == {"fwd", "wgrad"}
+    assert {c["op"] for c in consts if c["AVEC"] == 4} == {
+        "fwd",
+        "wgrad",
+        "fwdtm",
+        "dgradtm",
+    }
 
 
 # --------------------------------------------------------------------------
@@ -561,6 +619,42 @@ def test_gpu_alexnet_layers(layer, op, precision, debug):
     err = check(op, g, precision, label=layer)
     if precision == "tf32" and op == "filter_acts" and layer != "conv1":
         assert err > 1e-6, f"{layer}: tf32 error {err} looks like fp32 (TF32 unused?)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("config", ci.TAP_TILES, ids=lambda t: t.label)
+def test_gpu_every_tapmajor_tile(op, config, precision, debug):
+    # batch 33, 96 filters of 64 channels: partial tiles along M and N
+    g = geom(33, 64, (9, 7), 96, 3, 1, 1)
+    assert ci.tapmajor_ok(op, g, config)
+    check(op, g, precision, config, label="tap-major b33 c64 f96")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ci.PRECISIONS)
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("label", list(TAP_SHAPES))
+def test_gpu_tapmajor_shapes(op, label, precision, debug):
+    g = geom(*TAP_SHAPES[label])
+    for config in (t for t in ci.TAP_TILES if ci.tapmajor_ok(op, g, t)):
+        check(op, g, precision, config, label=label)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("layer", list(ALEXNET))
+def test_gpu_alexnet_layers_tapmajor(layer, op, debug):
+    g = geom(*ALEXNET[layer])
+    tiles = [t for t in ci.TAP_TILES if ci.tapmajor_ok(op, g, t)]
+    if not tiles:  # conv1's forward: 3 channels
+        assert layer == "conv1" and op == "filter_acts"
+        return
+    for precision in ci.PRECISIONS:
+        err = check(op, g, precision, tiles[0], label=f"{layer} tap-major")
+        if precision == "tf32":
+            assert err > 1e-6, f"{layer}: tf32 error {err} looks like fp32"
 
 
 @pytest.mark.gpu

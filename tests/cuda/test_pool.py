@@ -331,6 +331,48 @@ def test_ties_go_to_the_first_maximum(case, debug):
     run_family(*case, "float32", seed=1, ties=True)
 
 
+@pytest.fixture
+def per_pixel(monkeypatch):
+    """No plane fits in shared memory: the per-element kernels run."""
+    monkeypatch.setattr(gpool, "_PLANE_SMEM", 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", SWEEP, ids=[str(c) for c in SWEEP])
+def test_per_element_kernels_match_the_references(case, dtype, debug, per_pixel):
+    run_family(*case, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case",
+    [(2, 64, 54, 54, 3, 2, 0), (3, 24, 27, 27, 3, 2, 0), (5, 21, 13, 13, 3, 2, 0),
+     (2, 3, 9, 10, (2, 3), (2, 1), (-1, 1))],
+    ids=["54^2", "27^2", "13^2 x21 planes", "rect start<0"],
+)  # fmt: skip
+def test_plane_and_per_element_kernels_agree_bit_for_bit(case, debug, monkeypatch):
+    b, c, h, w, size, stride, start = case
+    assert gpool.plane_plan("max_grad", (b, c, h, w), (b, c, 1, 1), 4) is not None
+    r = rng(4)
+    x = r.integers(0, 4, (b, c, h, w)).astype("float32")  # ties
+    x[0, 0, 0, 0] = np.nan
+    args = (size, stride, start)
+
+    def passes():
+        y = gpool.max_pool_forward(to_gpu(x), *args)
+        gy = to_gpu(rng(5).standard_normal(tuple(y.shape)).astype("float32"))
+        gx = gpool.max_pool_grad(to_gpu(x), y, gy, *args)
+        a = gpool.avg_pool_forward(to_gpu(x), *args)
+        return [to_host(v) for v in (y, gx, a)]
+
+    plane = passes()
+    monkeypatch.setattr(gpool, "_PLANE_SMEM", 0)
+    element = passes()
+    for got, want, what in zip(plane, element, ("max", "max grad", "avg"), strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=f"{case} {what}")
+
+
 @pytest.mark.gpu
 def test_special_values(debug):
     x = np.full((1, 2, 5, 5), -np.inf, dtype="float32")
@@ -428,3 +470,4 @@ def test_pool_sanitize():
     """Small, representative launches of every kernel (compute-sanitizer)."""
     run_family(3, 5, 9, 10, (2, 3), (2, 1), (-1, 1), "float32")
     run_family(2, 3, 7, 7, 3, 2, 0, "float64", ties=True)
+    run_family(2, 64, 54, 54, 3, 2, 0, "float32")  # one plane per block

@@ -152,6 +152,70 @@ def test_kernel_names():
     )
 
 
+def _chunked_column(x, gy, size, alpha, beta, k, chunk):
+    """One column's forward and gradient in the order of the chunked kernels
+    (``kernels/response_norm.cu``, overlapping windows): their register
+    rings, slot arithmetic and halo steps, in float64."""
+    c_total = len(x)
+    a, f = size // 2, (size - 1) // 2
+    aos, coef = alpha / size, 2 * alpha * beta / size
+    y, gx = np.full(c_total, np.nan), np.full(c_total, np.nan)
+    for c0 in range(0, c_total, chunk):
+        ring = [0.0] * size
+        for e in range(size - 1):
+            cc = c0 - a + e
+            ring[e] = x[cc] if 0 <= cc < c_total else 0.0
+        for j in range(chunk):
+            c = c0 + j
+            r = c + f
+            ring[(j + size - 1) % size] = x[r] if r < c_total else 0.0
+            if c < c_total:
+                p = (k + aos * sum(v * v for v in ring)) ** -beta
+                y[c] = ring[(j + a) % size] * p
+        xr, gr, pr, qr = ([0.0] * size for _ in range(4))
+        for e in range(size - 1):
+            cc = c0 - f - a + e
+            xr[e] = x[cc] if 0 <= cc < c_total else 0.0
+        for s in range(chunk + size - 1):
+            c = c0 - f + s
+            r = c + f
+            xr[(s + size - 1) % size] = x[r] if 0 <= r < c_total else 0.0
+            if 0 <= c < c_total:
+                d = k + aos * sum(v * v for v in xr)
+                p = d**-beta
+                gr[s % size], pr[s % size] = gy[c], p
+                qr[s % size] = gy[c] * xr[(s + a) % size] * (p / d)
+            else:
+                qr[s % size] = 0.0
+            jo = c - a
+            if s >= size - 1 and jo < c_total:
+                so = (s + size - a % size) % size
+                gx[jo] = gr[so] * pr[so] - coef * xr[s % size] * sum(qr)
+    return y, gx
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("channels,chunk", [(64, 16), (33, 16), (7, 3), (5, 16)])
+def test_chunked_kernel_schedule_matches_the_references(size, channels, chunk):
+    r = rng(size)
+    x = 3 * r.standard_normal((1, channels, 1, 1))
+    gy = r.standard_normal(x.shape)
+    params = dict(size=size, alpha=0.3, beta=0.75, k=2.0)
+    y, gx = _chunked_column(x.ravel(), gy.ravel(), **params, chunk=chunk)
+    want_y = cross_map_norm_reference(x, **params).ravel()
+    want_g = cross_map_norm_grad_reference(x, gy, **params).ravel()
+    np.testing.assert_allclose(y, want_y, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(gx, want_g, rtol=1e-12, atol=1e-14)
+
+
+def test_channel_chunks():
+    assert grn.channel_chunk(64, False) == grn.CHUNK == 16
+    assert grn.channel_chunk(24, False) == 24  # few channels: one thread each
+    assert grn.channel_chunk(192, True) == 192  # blocked: whole columns
+    name = grn.cross_map_norm_kernel_name("fwd", 5, 192, False, "float32", False, 16)
+    assert name == "cross_map_norm_fwd_n5_c192_f32_ch16"
+
+
 # --------------------------------------------------------------------------
 # GPU
 # --------------------------------------------------------------------------
@@ -218,6 +282,7 @@ def test_kernels_match_the_references(size, blocked, dtype, debug):
 def test_batch_129_and_alexnet_parameters(debug):
     run_case(129, 5, 3, 4, PARAMS, "float32")
     run_case(2, 64, 11, 13, dict(PARAMS, beta=0.5, k=1.0, alpha=1e-3), "float32")
+    run_case(3, 192, 9, 7, dict(PARAMS, alpha=0.3), "float32")  # 12 chunks
 
 
 @pytest.mark.gpu

@@ -10,7 +10,10 @@ formula below has its twin there, under the same names.
 Constants
   name, op       op: "fwd" (FilterActs), "dgrad" (ImageActs) or "wgrad"
                  (WeightActs; its module also has ${name}_sum, the split-K
-                 reduction)
+                 reduction); "fwdtm", "dgradtm": tap-major K order
+                 (k = (u*KW + v)*Cg + c, resp. (u*KW + v)*Fg + f) over weights
+                 permuted by ${name}_wperm, each BK slice one tap (BK divides
+                 Cg, resp. Fg), so B's copies are one pointer increment each
   KH KW SH SW PH PW   filter size, stride, padding (rows x cols)
   BM BN BK       block tile of the GEMM C[M, N] = A[M, K] B[K, N]
   WM WN          warps along M and N (warp tile BM/WM x BN/WN)
@@ -47,6 +50,9 @@ MT = WTM // 16
 NT = WTN // 8
 KHKW = KH * KW
 B_KMAJOR = op == "wgrad"
+IS_FWD = op in ("fwd", "fwdtm")
+IS_DGRAD = op in ("dgrad", "dgradtm")
+TAPM = op in ("fwdtm", "dgradtm")
 SA = BK + 8
 SB = (BK + 8) if B_KMAJOR else (BN + 4)
 A_TILE = BM * SA
@@ -59,7 +65,7 @@ assert WTM % 16 == 0 and WTN % 8 == 0 and BK % 8 == 0
 assert THREADS % BK == 0 and (BM * BK) % THREADS == 0 and (BN * BK) % THREADS == 0
 assert B_KMAJOR or THREADS % BN == 0
 assert SPLIT in (1, 3) and STAGES >= 2
-assert AVEC == 1 or (AVEC == 4 and op in ("fwd", "wgrad"))
+assert AVEC == 1 or (AVEC == 4 and op != "dgrad")
 AV = BK // AVEC
 A_VLOADS = BM * AV // THREADS
 A_VSTEP = THREADS // AV
@@ -114,11 +120,12 @@ __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+// x rounded to TF32 (10-bit mantissa), half away from zero, as cvt.rna does
+// for finite values: adding half a TF32 ulp and clearing the 13 low bits is
+// two integer operations, where cvt.rna issues on a slow conversion pipe.
 __device__ __forceinline__ u32 to_tf32(float x)
 {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 // d += a * b for one m16n8k8 tile (a: 4 registers, b: 2, d: 4).
@@ -196,10 +203,10 @@ extern "C" __global__ void ${name}(${params()})
     const int n_fixed = n0 + bn_n;
     const bool n_ok = n_fixed < N;
     const int n_img = fastdiv(n_fixed, d1_magic, d1_shift);
-    const int n_pix = n_fixed - n_img * ${"OHW" if op == "fwd" else "HW"};
+    const int n_pix = n_fixed - n_img * ${"OHW" if IS_FWD else "HW"};
     const int n_row = fastdiv(n_pix, d2_magic, d2_shift);
-    const int n_col = n_pix - n_row * ${"OW" if op == "fwd" else "W"};
-%   if op == "fwd":
+    const int n_col = n_pix - n_row * ${"OW" if IS_FWD else "W"};
+%   if IS_FWD:
     // b_offset(fwd): x[n_img][grp*Cg + c][n_row*SH - PH + u][n_col*SW - PW + v]
     const int ih0 = n_row * ${SH} - ${PH};
     const int iw0 = n_col * ${SW} - ${PW};
@@ -212,8 +219,10 @@ extern "C" __global__ void ${name}(${params()})
     const float* b_base = bsrc + (n_img * F + grp * Fg) * OHW;
 %   endif
 % endif
-% if op == "fwd":
+% if IS_FWD:
     const float* a_base = asrc + grp * Fg * K;  // a_offset(fwd): w[grp*Fg + m][k]
+% elif op == "dgradtm":
+    const float* a_base = asrc + grp * Cg * K;  // a_offset(dgradtm): wq[grp][m][k]
 % elif op == "dgrad":
     const float* a_base = asrc + grp * Fg * Cg * ${KHKW};
 % endif
@@ -237,7 +246,7 @@ extern "C" __global__ void ${name}(${params()})
     auto load_tile = [&](int stage, int k0) {
         float* as = As + stage * ${A_TILE};
         float* bs = Bs + stage * ${B_TILE};
-% if op != "fwd" or AVEC == 1:
+% if op in ("dgrad", "wgrad") or AVEC == 1:
         const int k = k0 + load_k;
         const bool k_ok = k < k_end;
 % endif
@@ -264,7 +273,7 @@ extern "C" __global__ void ${name}(${params()})
             // all out of [k_begin, k_end) (conv_igemm.a_vector_width)
             const int ka = k0 + av_k;
             const bool ka_ok = ka < k_end;
-%   if op == "fwd":
+%   if op != "wgrad":
             const float* a_vbase = a_base + ka;  // a_offset(fwd): w[grp*Fg + m][ka]
 %   else:
             // a_offset(wgrad): dy[img][grp*Fg + m][pix], ka = img*OHW + pix
@@ -276,7 +285,7 @@ extern "C" __global__ void ${name}(${params()})
                 const int r = av_r + e * ${A_VSTEP};
                 const int m = m0 + r;
                 const bool ok = ka_ok && m < M;
-                const float* src = a_vbase + m * ${"K" if op == "fwd" else "OHW"};
+                const float* src = a_vbase + m * ${"OHW" if op == "wgrad" else "K"};
                 cp_async16(smem_addr(as + r * ${SA} + av_k), ok ? src : asrc, ok);
             }
         }
@@ -286,7 +295,7 @@ extern "C" __global__ void ${name}(${params()})
             const int r = load_r + e * ${A_STEP};
             const int m = m0 + r;
             const bool ok = k_ok && m < M;
-% if op == "fwd":
+% if op != "wgrad" and op != "dgrad":
             const float* src = a_base + m * K + k;
 % elif op == "dgrad":
             // a_offset(dgrad): w[grp*Fg + f][m][t]
@@ -298,6 +307,41 @@ extern "C" __global__ void ${name}(${params()})
             cp_async4(smem_addr(as + r * ${SA} + load_k), ok ? src : asrc, ok);
         }
 % endif
+% if TAPM:
+        {
+            // the whole slice is tap t = k0 / CK; this thread's n is fixed
+            const int tap = k0 / ${"Cg" if op == "fwdtm" else "Fg"};
+            const int kc0 = k0 - tap * ${"Cg" if op == "fwdtm" else "Fg"};
+            const int u = tap / ${KW};
+            const int v = tap - u * ${KW};
+%   if op == "fwdtm":
+            // b_offset(fwdtm): x[n_img][grp*Cg + kc0 + kr][ih0 + u][iw0 + v]
+            const int ih = ih0 + u;
+            const int iw = iw0 + v;
+            const bool ok = n_ok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            const float* src0 = b_base + kc0 * HW + ih * W + iw;
+            const int kstep = ${B_STEP} * HW;
+%   else:
+            // b_offset(dgradtm): dy[n_img][grp*Fg + kc0 + kr][oh][ow] where
+            // oh = (ih + PH - u)/SH, ow = (iw + PW - v)/SW are exact and in range
+            const unsigned ohn = (unsigned)(ohs - u);
+            const unsigned own = (unsigned)(ows - v);
+            const unsigned oh = ohn / ${SH};
+            const unsigned ow = own / ${SW};
+            const bool ok = n_ok && oh * ${SH} == ohn && ow * ${SW} == own
+                            && oh < (unsigned)OH && ow < (unsigned)OW;
+            const float* src0 = b_base + kc0 * OHW + (int)oh * OW + (int)ow;
+            const int kstep = ${B_STEP} * OHW;
+%   endif
+            const float* src = src0 + bn_k * (kstep / ${B_STEP});
+#pragma unroll
+            for (int e = 0; e < ${B_LOADS}; ++e) {
+                const int kr = bn_k + e * ${B_STEP};
+                cp_async4(smem_addr(bs + kr * ${SB} + bn_n), ok ? src : bsrc, ok);
+                src += kstep;
+            }
+        }
+% else:
 #pragma unroll
         for (int e = 0; e < ${B_LOADS}; ++e) {
 % if op == "wgrad":
@@ -335,6 +379,7 @@ extern "C" __global__ void ${name}(${params()})
             cp_async4(smem_addr(bs + kr * ${SB} + bn_n), ok ? src : bsrc, ok);
 % endif
         }
+% endif
     };
 
     float acc[${MT}][${NT}][4];
@@ -448,19 +493,19 @@ extern "C" __global__ void ${name}(${params()})
     }
     cp_async_wait<0>();
 
-% if op == "fwd":
+% if IS_FWD:
 <%  ROW = "(grp * Fg + m) * OHW" %>
-% elif op == "dgrad":
+% elif IS_DGRAD:
 <%  ROW = "(grp * Cg + m) * HW" %>
 % else:
 <%  ROW = "(grp * Fg + m) * N" %>
 % endif
 <%def name="col_offset(n)">\
-% if op == "fwd":
+% if IS_FWD:
             // c_offset(fwd): y[img][grp*Fg + m][pix], n = img*OHW + pix
             const int img = fastdiv(${n}, d1_magic, d1_shift);
             const int off = img * F * OHW + (${n} - img * OHW);
-% elif op == "dgrad":
+% elif IS_DGRAD:
             // c_offset(dgrad): dx[img][grp*Cg + m][pix], n = img*HW + pix
             const int img = fastdiv(${n}, d1_magic, d1_shift);
             const int off = img * C * HW + (${n} - img * HW);
@@ -542,6 +587,35 @@ ${col_offset("n")}
         }
 % endif
 }
+% if TAPM:
+
+// The weights in this module's tap-major K order (conv_igemm.permuted_weights):
+//   fwdtm:   wp[f][t][c]      = w[f][c][t]          (F, KHKW*Cg)
+//   dgradtm: wq[g][c][t][f]   = w[g*Fg + f][c][t]   (G, Cg, KHKW*Fg)
+// one thread per destination element, t = u*KW + v.
+extern "C" __global__ void ${name}_wperm(
+    const float* __restrict__ w, float* __restrict__ wp, int G, int Cg, int Fg)
+{
+    const index_t total = (index_t)G * Fg * Cg * ${KHKW};
+    CC2_GRID_STRIDE_LOOP(i, total) {
+%   if op == "fwdtm":
+        const index_t f = i / (Cg * ${KHKW});
+        const int r = (int)(i - f * (Cg * ${KHKW}));
+        const int t = r / Cg;
+        const int c = r - t * Cg;
+        wp[i] = w[(f * Cg + c) * ${KHKW} + t];
+%   else:
+        const index_t gc = i / (${KHKW} * Fg);  // g * Cg + c
+        const int r = (int)(i - gc * (${KHKW} * Fg));
+        const int t = r / Fg;
+        const int f = r - t * Fg;
+        const index_t g = gc / Cg;
+        const index_t c = gc - g * Cg;
+        wp[i] = w[((g * Fg + f) * Cg + c) * ${KHKW} + t];
+%   endif
+    }
+}
+% endif
 % if op == "wgrad":
 
 // The split-K reduction of this module's wgrad kernel:

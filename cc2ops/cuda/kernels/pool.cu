@@ -9,6 +9,14 @@ Constants: name (kernel name), kind ("max_fwd", "max_grad", "max_gradgrad",
 Every kernel takes (planes = B*C, H, W, Ho, Wo) and walks its elements with a
 grid-stride loop over a flat C-order index; consecutive threads take
 consecutive columns, so loads and stores are coalesced along W.
+
+The *_plane kinds ("max_fwd_plane", "avg_fwd_plane", "max_grad_plane") are
+used when a plane fits in shared memory: a block takes `ppb` whole planes,
+copies them in with 16-byte loads where aligned (each input element read
+from memory once), and works from shared memory; the max gradient first
+finds each window's first maximum (one scan per window, not per pixel) and
+then lets every pixel gather from the windows that chose it, in the same
+order as the per-pixel kernel (bit-identical sums).
 Window o along an axis covers [start + o*stride, start + o*stride + size)
 clipped to [0, L); the host side computed (Ho, Wo) with cc2ops.shapes.
 
@@ -33,6 +41,22 @@ __device__ __forceinline__ double cc2_neg_inf(double) { return __longlong_as_dou
 // floor(a / b) for b > 0 and any sign of a
 __device__ __forceinline__ int cc2_floordiv(int a, int b) {
     return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// dst[0, n) = src[0, n) by the whole block; 16-byte loads where src is
+// aligned (dst, shared memory, always is), the tail element by element
+__device__ __forceinline__ void cc2_copy_in(T* dst, const T* __restrict__ src, int n)
+{
+    int done = 0;
+    if ((reinterpret_cast<size_t>(src) & 15) == 0) {
+        const int n4 = (int)((n * sizeof(T)) / 16);
+        const uint4* __restrict__ s4 = reinterpret_cast<const uint4*>(src);
+        uint4* d4 = reinterpret_cast<uint4*>(dst);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) d4[i] = __ldg(s4 + i);
+        done = (int)(n4 * 16 / sizeof(T));
+    }
+    for (int i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = cc2_ldg(src + i);
 }
 
 % if kind == "max_fwd":
@@ -201,6 +225,121 @@ extern "C" __global__ void ${name}(
             }
         }
         gx[i] = acc;
+    }
+}
+% elif kind in ("max_fwd_plane", "avg_fwd_plane"):
+extern "C" __global__ void ${name}(
+    const T* __restrict__ x, T* __restrict__ y, index_t planes, int H, int W, int Ho, int Wo,
+    int ppb)
+{
+    extern __shared__ uint4 cc2_smem4[];
+    T* sx = reinterpret_cast<T*>(cc2_smem4);
+    const index_t p0 = (index_t)blockIdx.x * ppb;
+    const int np = (int)min((index_t)ppb, planes - p0);
+    const int HW = H * W;
+    const int HoWo = Ho * Wo;
+    cc2_copy_in(sx, x + p0 * HW, np * HW);
+    __syncthreads();
+    T* __restrict__ yb = y + p0 * HoWo;
+    const int n_out = np * HoWo;
+#pragma unroll 2
+    for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
+        const int q = o / HoWo;
+        const int rest = o - q * HoWo;
+        const int ho = rest / Wo;
+        const int wo = rest - ho * Wo;
+        const T* xp = sx + q * HW;
+        const int r0 = ho * ${ty} + ${oy};
+        const int c0 = wo * ${tx} + ${ox};
+% if kind == "max_fwd_plane":
+        T m = cc2_neg_inf(T(0));
+% else:
+        T m = T(0);
+% endif
+#pragma unroll
+        for (int dy = 0; dy < ${sy}; ++dy) {
+            const int r = r0 + dy;
+            if (r < 0 || r >= H) continue;
+#pragma unroll
+            for (int dx = 0; dx < ${sx}; ++dx) {
+                const int c = c0 + dx;
+                if (c < 0 || c >= W) continue;
+                const T v = xp[r * W + c];
+% if kind == "max_fwd_plane":
+                m = (v > m || v != v) ? v : m;
+% else:
+                m += v;
+% endif
+            }
+        }
+% if kind == "max_fwd_plane":
+        yb[o] = m;
+% else:
+        const int rows = min(r0 + ${sy}, H) - max(r0, 0);
+        const int cols = min(c0 + ${sx}, W) - max(c0, 0);
+        yb[o] = m / (T)(rows * cols);
+% endif
+    }
+}
+% elif kind == "max_grad_plane":
+// shared memory: x planes [np*HW], y and gy [np*HoWo] each, then the
+// windows' chosen pixel (int, -1 for none) [np*HoWo]
+extern "C" __global__ void ${name}(
+    const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ gy,
+    T* __restrict__ gx, index_t planes, int H, int W, int Ho, int Wo, int ppb)
+{
+    extern __shared__ uint4 cc2_smem4[];
+    const index_t p0 = (index_t)blockIdx.x * ppb;
+    const int np = (int)min((index_t)ppb, planes - p0);
+    const int HW = H * W;
+    const int HoWo = Ho * Wo;
+    // offsets in whole 16-byte units so each array stays 16-byte aligned
+    const int pad_in = (ppb * HW * (int)sizeof(T) + 15) / 16;
+    const int pad_out = (ppb * HoWo * (int)sizeof(T) + 15) / 16;
+    T* sx = reinterpret_cast<T*>(cc2_smem4);
+    T* sy = reinterpret_cast<T*>(cc2_smem4 + pad_in);
+    T* sg = reinterpret_cast<T*>(cc2_smem4 + pad_in + pad_out);
+    int* sarg = reinterpret_cast<int*>(cc2_smem4 + pad_in + 2 * pad_out);
+    cc2_copy_in(sx, x + p0 * HW, np * HW);
+    cc2_copy_in(sy, y + p0 * HoWo, np * HoWo);
+    cc2_copy_in(sg, gy + p0 * HoWo, np * HoWo);
+    __syncthreads();
+    const int n_out = np * HoWo;
+    for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
+        const int q = o / HoWo;
+        const int rest = o - q * HoWo;
+        const int ho = rest / Wo;
+        const int wo = rest - ho * Wo;
+        const int rs = max(ho * ${ty} + ${oy}, 0);
+        const int re = min(ho * ${ty} + ${oy} + ${sy}, H);
+        const int cs = max(wo * ${tx} + ${ox}, 0);
+        const int ce = min(wo * ${tx} + ${ox} + ${sx}, W);
+        const T yv = sy[o];
+        int arg = -1;
+        for (int r = rs; r < re && arg < 0; ++r)
+            for (int c = cs; c < ce; ++c)
+                if (sx[q * HW + r * W + c] == yv) { arg = q * HW + r * W + c; break; }
+        sarg[o] = arg;
+    }
+    __syncthreads();
+    T* __restrict__ gb = gx + p0 * HW;
+    const int n_in = np * HW;
+    for (int e = threadIdx.x; e < n_in; e += blockDim.x) {
+        const int q = e / HW;
+        const int pix = e - q * HW;
+        const int r = pix / W;
+        const int c = pix - r * W;
+        const int ho_lo = max(cc2_floordiv(r - ${oy} - ${sy}, ${ty}) + 1, 0);
+        const int ho_hi = min(cc2_floordiv(r - ${oy}, ${ty}), Ho - 1);
+        const int wo_lo = max(cc2_floordiv(c - ${ox} - ${sx}, ${tx}) + 1, 0);
+        const int wo_hi = min(cc2_floordiv(c - ${ox}, ${tx}), Wo - 1);
+        T acc = T(0);
+        for (int ho = ho_lo; ho <= ho_hi; ++ho)
+            for (int wo = wo_lo; wo <= wo_hi; ++wo) {
+                const int o = q * HoWo + ho * Wo + wo;
+                if (sarg[o] == e) acc += sg[o];
+            }
+        gb[e] = acc;
     }
 }
 % else:

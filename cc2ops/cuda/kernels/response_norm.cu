@@ -2,13 +2,18 @@
 Cross-map response normalisation of bc01 images (cuda-convnet2's cmrnorm).
 
 Constants: name, kind ("fwd" or "grad"), size (window, 1..MAX_SIZE), channels
-(C), blocked (bool), dtype ("float32"/"float64"), wide (64-bit indices).
+(C), blocked (bool), dtype ("float32"/"float64"), wide (64-bit indices),
+chunk (channels per thread of the overlapping kernels; C when blocked).
 
     d_c = k + (alpha/size) * sum_{c' in W(c)} x_{c'}^2,   y_c = x_c d_c^-beta
     gx_j = gy_j d_j^-beta - (2 alpha beta/size) x_j sum_{c: j in W(c)} gy_c x_c d_c^(-beta-1)
 
-One thread per (b, h, w) column walks the channels; consecutive threads take
-consecutive w, so every load and store is coalesced along W. Each thread
+One thread per (b, h, w) column and chunk of `chunk` channels walks its
+channels; consecutive threads take consecutive columns (w), so every load and
+store is coalesced along W, and the chunks multiply the threads of layers
+with few columns (192x27x27 at batch 128: 93k columns, 1.1M threads with
+chunks of 16). A chunk reads its window's halo (size - 1 neighbouring
+channels, L2 hits) besides its own channels. Each thread
 keeps the last `size` inputs of its column in a register ring (the ring
 slot of a channel is known at compile time because the channel loop is
 unrolled in chunks of a multiple of `size`), so every input element is read
@@ -30,8 +35,10 @@ T = dtype
 I = "index_t" if wide else "unsigned int"
 A = size // 2           # channels before c in its window
 F = (size - 1) // 2     # channels after c
-U = size * max(1, (8 + size - 1) // size)   # chunk: a multiple of size, >= 8
+U = size * max(1, (8 + size - 1) // size)   # blocked unroll: a multiple of size
 C = channels
+CH = chunk
+NCH = (C + CH - 1) // CH
 %>
 typedef ${T} T;
 typedef ${I} I;
@@ -39,7 +46,43 @@ typedef ${I} I;
 __device__ __forceinline__ float cc2_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double cc2_pow(double a, double b) { return pow(a, b); }
 
-% if kind == "fwd":
+% if kind == "fwd" and not blocked:
+extern "C" __global__ void ${name}(
+    const T* __restrict__ x, T* __restrict__ y, I columns, int hw,
+    T k, T alpha_over_size, T neg_beta)
+{
+    const I total = columns * (I)${NCH};
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (I)gridDim.x * blockDim.x) {
+        const int c0 = (int)(t / columns) * ${CH};
+        const I col = t - (I)(c0 / ${CH}) * columns;
+        const I b = col / (I)hw;
+        const I base = b * (I)${C} * (I)hw + (col - b * (I)hw);
+        const T* __restrict__ xp = x + base;
+        T* __restrict__ yp = y + base;
+        // ring slot e % size holds channel c0 - A + e; channel c0 + j's
+        // window [c0 + j - A, c0 + j + F] is e = j .. j + size - 1
+        T ring[${size}];
+#pragma unroll
+        for (int e = 0; e < ${size - 1}; ++e) {
+            const int cc = c0 - ${A} + e;
+            ring[e] = (cc >= 0 && cc < ${C}) ? cc2_ldg(xp + (I)cc * (I)hw) : T(0);
+        }
+#pragma unroll
+        for (int j = 0; j < ${CH}; ++j) {
+            const int c = c0 + j;
+            const int r = c + ${F};
+            ring[(j + ${size - 1}) % ${size}] = (r < ${C}) ? cc2_ldg(xp + (I)r * (I)hw) : T(0);
+            if (c < ${C}) {
+                T sum = T(0);
+#pragma unroll
+                for (int s = 0; s < ${size}; ++s) sum += ring[s] * ring[s];
+                const T p = cc2_pow(k + alpha_over_size * sum, neg_beta);
+                yp[(I)c * (I)hw] = ring[(j + ${A}) % ${size}] * p;
+            }
+        }
+    }
+}
+% elif kind == "fwd":
 extern "C" __global__ void ${name}(
     const T* __restrict__ x, T* __restrict__ y, I columns, int hw,
     T k, T alpha_over_size, T neg_beta)
@@ -49,7 +92,6 @@ extern "C" __global__ void ${name}(
         const I base = b * (I)${C} * (I)hw + (t - b * (I)hw);
         const T* __restrict__ xp = x + base;
         T* __restrict__ yp = y + base;
-% if blocked:
 #pragma unroll 2
         for (int lo = 0; lo < ${C}; lo += ${size}) {
             T v[${size}];
@@ -65,31 +107,70 @@ extern "C" __global__ void ${name}(
                 if (lo + j < ${C}) yp[(I)(lo + j) * (I)hw] = v[j] * p;
             }
         }
-% else:
-        // ring[s] holds the channel c' with c' % size == s among the last `size` read
-        T ring[${size}];
+    }
+}
+% elif kind == "grad" and not blocked:
+extern "C" __global__ void ${name}(
+    const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gx,
+    I columns, int hw, T k, T alpha_over_size, T neg_beta, T coef)
+{
+    const I total = columns * (I)${NCH};
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (I)gridDim.x * blockDim.x) {
+        const int c0 = (int)(t / columns) * ${CH};
+        const I col = t - (I)(c0 / ${CH}) * columns;
+        const I b = col / (I)hw;
+        const I base = b * (I)${C} * (I)hw + (col - b * (I)hw);
+        const T* __restrict__ xp = x + base;
+        const T* __restrict__ gp = gy + base;
+        T* __restrict__ op = gx + base;
+        // step s handles channel c = c0 - F + s: it forms q_c = gy_c x_c p_c / d_c
+        // (p = d^-beta) and writes gx for jo = c - A once s >= size - 1, whose
+        // transposed window [jo - F, jo + A] = [c - size + 1, c] is the q ring.
+        // x ring: slot e % size holds channel c0 - F - A + e (step s: e = s ..
+        // s + size - 1, the window of c); g, p, q rings: slot s % size.
+        T xr[${size}], gr[${size}], pr[${size}], qr[${size}];
 #pragma unroll
-        for (int s = 0; s < ${size}; ++s) ring[s] = T(0);
-#pragma unroll
-        for (int r = 0; r < ${F}; ++r) {
-            if (r < ${C}) ring[r % ${size}] = cc2_ldg(xp + (I)r * (I)hw);
+        for (int s = 0; s < ${size}; ++s) {
+            xr[s] = T(0); gr[s] = T(0); pr[s] = T(0); qr[s] = T(0);
         }
-        for (int cb = 0; cb < ${C}; cb += ${U}) {
 #pragma unroll
-            for (int j = 0; j < ${U}; ++j) {
-                const int c = cb + j;
-                if (c < ${C}) {
-                    const int r = c + ${F};
-                    ring[(j + ${F}) % ${size}] = (r < ${C}) ? cc2_ldg(xp + (I)r * (I)hw) : T(0);
-                    T sum = T(0);
+        for (int e = 0; e < ${size - 1}; ++e) {
+            const int cc = c0 - ${F + A} + e;
+            xr[e] = (cc >= 0 && cc < ${C}) ? cc2_ldg(xp + (I)cc * (I)hw) : T(0);
+        }
 #pragma unroll
-                    for (int s = 0; s < ${size}; ++s) sum += ring[s] * ring[s];
-                    const T p = cc2_pow(k + alpha_over_size * sum, neg_beta);
-                    yp[(I)c * (I)hw] = ring[j % ${size}] * p;
-                }
+        for (int s = 0; s < ${CH + size - 1}; ++s) {
+            const int c = c0 - ${F} + s;
+            const int r = c + ${F};
+            xr[(s + ${size - 1}) % ${size}] = (r >= 0 && r < ${C}) ? cc2_ldg(xp + (I)r * (I)hw) : T(0);
+            if (c >= 0 && c < ${C}) {
+                const T g = cc2_ldg(gp + (I)c * (I)hw);
+                T sum = T(0);
+#pragma unroll
+                for (int q = 0; q < ${size}; ++q) sum += xr[q] * xr[q];
+                const T d = k + alpha_over_size * sum;
+                const T p = cc2_pow(d, neg_beta);
+                gr[s % ${size}] = g;
+                pr[s % ${size}] = p;
+                qr[s % ${size}] = g * xr[(s + ${A}) % ${size}] * (p / d);
+            } else {
+                qr[s % ${size}] = T(0);
             }
+%   if size > 1:
+            if (s >= ${size - 1}) {
+%   endif
+                const int jo = c - ${A};
+                if (jo < ${C}) {
+                    const int so = (s + ${size} - ${A % size}) % ${size};
+                    T sq = T(0);
+#pragma unroll
+                    for (int q = 0; q < ${size}; ++q) sq += qr[q];
+                    op[(I)jo * (I)hw] = gr[so] * pr[so] - coef * xr[s % ${size}] * sq;
+                }
+%   if size > 1:
+            }
+%   endif
         }
-% endif
     }
 }
 % elif kind == "grad":
@@ -103,7 +184,6 @@ extern "C" __global__ void ${name}(
         const T* __restrict__ xp = x + base;
         const T* __restrict__ gp = gy + base;
         T* __restrict__ op = gx + base;
-% if blocked:
 #pragma unroll 2
         for (int lo = 0; lo < ${C}; lo += ${size}) {
             T v[${size}], g[${size}];
@@ -124,50 +204,6 @@ extern "C" __global__ void ${name}(
                 if (lo + j < ${C}) op[(I)(lo + j) * (I)hw] = g[j] * p - coef * v[j] * s;
             }
         }
-% else:
-        // rings indexed by channel % size: x (channels c-A .. c+F after step
-        // c's load), gy, p = d^-beta and q = gy x p / d (channels c-size+1 .. c)
-        T xr[${size}], gr[${size}], pr[${size}], qr[${size}];
-#pragma unroll
-        for (int s = 0; s < ${size}; ++s) {
-            xr[s] = T(0); gr[s] = T(0); pr[s] = T(0); qr[s] = T(0);
-        }
-#pragma unroll
-        for (int r = 0; r < ${F}; ++r) {
-            if (r < ${C}) xr[r % ${size}] = cc2_ldg(xp + (I)r * (I)hw);
-        }
-        for (int cb = 0; cb < ${C + A}; cb += ${U}) {
-#pragma unroll
-            for (int j = 0; j < ${U}; ++j) {
-                const int c = cb + j;
-                if (c < ${C + A}) {
-                    const int r = c + ${F};
-                    const int sc = j % ${size};
-                    xr[(j + ${F}) % ${size}] = (r < ${C}) ? cc2_ldg(xp + (I)r * (I)hw) : T(0);
-                    if (c < ${C}) {
-                        gr[sc] = cc2_ldg(gp + (I)c * (I)hw);
-                        T sum = T(0);
-#pragma unroll
-                        for (int s = 0; s < ${size}; ++s) sum += xr[s] * xr[s];
-                        const T d = k + alpha_over_size * sum;
-                        const T p = cc2_pow(d, neg_beta);
-                        pr[sc] = p;
-                        qr[sc] = gr[sc] * xr[sc] * (p / d);
-                    } else {
-                        qr[sc] = T(0);
-                    }
-                    const int jo = c - ${A};
-                    if (jo >= 0) {
-                        const int so = (j + ${size} - ${A} % ${size}) % ${size};
-                        T s = T(0);
-#pragma unroll
-                        for (int q = 0; q < ${size}; ++q) s += qr[q];
-                        op[(I)jo * (I)hw] = gr[so] * pr[so] - coef * xr[so] * s;
-                    }
-                }
-            }
-        }
-% endif
     }
 }
 % else:
