@@ -10,16 +10,22 @@ What is timed
 cc2ops: the plain pass functions :func:`cc2ops.cuda.conv.filter_acts`,
 :func:`~cc2ops.cuda.conv.image_acts` and :func:`~cc2ops.cuda.conv.weight_acts`
 on pycuda GPUArrays (what the ops' ``perform`` runs, without PyTensor's graph
-overhead), with pycuda events on cc2ops's stream. The first call of each
-geometry autotunes (before the warm-up ends); the row names the chosen
-algorithm. Peer: ``torch.nn.functional.conv2d`` and
-``torch.ops.aten.convolution_backward`` (only the needed gradient) with
-``torch.backends.cudnn.benchmark = True``; fp32 rows set
-``torch.backends.cudnn.allow_tf32`` and ``torch.backends.cuda.matmul.allow_tf32``
-to False, tf32 rows to True. Each pass is checked against torch (same inputs,
-moved through host numpy) before it is timed: cc2ops's result must match
-the same pass computed by torch in float64 (rows record both libraries'
-errors against it).
+overhead). The first call of each geometry autotunes (before the warm-up
+ends); the row names the chosen algorithm. Peer:
+``torch.nn.functional.conv2d`` and ``torch.ops.aten.convolution_backward``
+(only the needed gradient) with ``torch.backends.cudnn.benchmark = True``;
+fp32 rows set ``torch.backends.cudnn.allow_tf32`` and
+``torch.backends.cuda.matmul.allow_tf32`` to False, tf32 rows to True.
+
+Both libraries are timed twice: replayed as a CUDA graph (``time_graph``:
+the kernels' device time without launch cost, captured the same way for
+both; ``cc2ops_ms``, ``peer_ms``, ``ratio``, ``tflops``) and called eagerly
+(``time_cuda``: host launch cost included; ``cc2ops_eager_ms``,
+``peer_eager_ms``).
+
+Each pass is checked before it is timed: cc2ops's result must match the
+same pass computed by torch in float64 (rows record both libraries' errors
+against it).
 
 Run: ``python benchmarks/bench_conv.py [--quick] [--out DIR]``.
 """
@@ -38,6 +44,7 @@ from benchmarks.common import (  # noqa: E402
     base_parser,
     rel_err,
     time_cuda,
+    time_graph,
     torch_peer,
     write_results,
 )
@@ -123,7 +130,8 @@ def run_layer(
     geometry = conv.geometry_of(name, x.shape, w.shape, (s, s), (p, p), 1)
     flops = conv_flops(batch, c, f, (ho, ho), (k, k))
     rows = []
-    totals = {"cc2ops_ms": 0.0, "peer_ms": 0.0}
+    totals = {"cc2ops_ms": 0.0, "peer_ms": 0.0, "cc2ops_eager_ms": 0.0,
+              "peer_eager_ms": 0.0}  # fmt: skip
     for pas in PASSES:
         peer_fn = _torch_pass(pas, tx, tw, tdy, s, p)
         ours_fn = _cc2ops_pass(pas, gx, gw, gdy, s, p, precision)  # tunes here
@@ -137,10 +145,14 @@ def run_layer(
                 f"from the float64 result by {err:.3g} (tolerance "
                 f"{CHECK_TOL[precision]}; torch's own error {peer_err:.3g})"
             )
-        ours = time_cuda(ours_fn, warmup=warmup, iters=iters, on="cc2ops")
-        peer = time_cuda(peer_fn, warmup=warmup, iters=iters, on="torch")
+        ours = time_graph(ours_fn, warmup=warmup, iters=iters, on="cc2ops")
+        peer = time_graph(peer_fn, warmup=warmup, iters=iters, on="torch")
+        ours_eager = time_cuda(ours_fn, warmup=warmup, iters=iters, on="cc2ops")
+        peer_eager = time_cuda(peer_fn, warmup=warmup, iters=iters, on="torch")
         totals["cc2ops_ms"] += ours
         totals["peer_ms"] += peer
+        totals["cc2ops_eager_ms"] += ours_eager
+        totals["peer_eager_ms"] += peer_eager
         rows.append(
             {
                 "name": name,
@@ -157,6 +169,8 @@ def run_layer(
                 ),
                 "rel_err_vs_fp64": err,
                 "peer_rel_err_vs_fp64": peer_err,
+                "cc2ops_eager_ms": ours_eager,
+                "peer_eager_ms": peer_eager,
             }
         )
     rows.append(
@@ -214,9 +228,9 @@ def main(argv: list[str] | None = None) -> Path:
             args.out,
             extra={
                 "timing": (
-                    "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays, pycuda "
-                    "events on cc2ops's stream (no graph overhead); peer: torch "
-                    "events; median"
+                    "cc2ops_ms/peer_ms: CUDA-graph replays of each pass (device "
+                    "time, both libraries captured alike); *_eager_ms: eager calls; "
+                    "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays; medians"
                 ),
                 "cudnn_benchmark": True,
                 "failures": failures,

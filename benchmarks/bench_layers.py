@@ -11,15 +11,17 @@ Layers (AlexNet sizes, float32, bc01):
 - softmax cross-entropy 128x1000 and 128x21841 (integer labels), against
   ``F.cross_entropy(reduction="none")``.
 
-Each is timed forward and forward+backward. cc2ops runs on its own stream:
-its kernels are launched through the module-level launch functions on
-GPUArrays (no graph overhead) and timed with pycuda events on that stream
-(``time_cuda(on="cc2ops")``); torch with torch events on its stream. Rows
-report ms, GB/s of the minimum bytes (every input read once, every output
-written once), the fraction of the H200's 4.19 TB/s copy ceiling and the
-ratio cc2ops/torch. The softmax launches skip the per-call label check
-(``check=False``; the check, a 4-byte synchronising read, runs once during
-the correctness pass).
+Each is timed forward and forward+backward, twice per library: replayed as a
+CUDA graph (``time_graph``: the kernels' device time without launch cost,
+captured the same way for both libraries; these are ``cc2ops_ms``,
+``peer_ms``, the bandwidth columns and ``ratio``) and called eagerly
+(``time_cuda``: host launch cost included; ``cc2ops_eager_ms``,
+``peer_eager_ms``). cc2ops runs on its own stream through the module-level
+launch functions on GPUArrays, torch on its stream. Rows report ms, GB/s of
+the minimum bytes (every input read once, every output written once), the
+fraction of the H200's 4.19 TB/s copy ceiling and the ratio cc2ops/torch.
+The softmax launches skip the per-call label check (``check=False``; the
+check, a 4-byte synchronising read, runs once during the correctness pass).
 
 Run: ``python benchmarks/bench_layers.py [--quick] [--out DIR]``.
 """
@@ -38,6 +40,7 @@ from benchmarks.common import (  # noqa: E402
     base_parser,
     rel_err,
     time_cuda,
+    time_graph,
     torch_peer,
     write_results,
 )
@@ -53,7 +56,9 @@ def _bytes(*arrays_or_counts: Any) -> int:
     return total
 
 
-def _row(name: str, pas: str, cc_ms: float, peer_ms: float, nbytes: int) -> dict:
+def _row(name: str, pas: str, cc: tuple, peer: tuple, nbytes: int) -> dict:
+    """A result row from (graph, eager) milliseconds of both libraries."""
+    cc_ms, peer_ms = cc[0], peer[0]
     gbps = nbytes / (cc_ms * 1e-3) / 1e9
     return {
         "name": name,
@@ -67,6 +72,8 @@ def _row(name: str, pas: str, cc_ms: float, peer_ms: float, nbytes: int) -> dict
         "cc2ops_gbps": gbps,
         "frac_copy_ceiling": gbps / COPY_CEILING_GBPS,
         "peer_gbps": nbytes / (peer_ms * 1e-3) / 1e9,
+        "cc2ops_eager_ms": cc[1],
+        "peer_eager_ms": peer[1],
     }
 
 
@@ -94,10 +101,16 @@ def main(argv: list[str] | None = None) -> Path:
     timing = dict(warmup=args.warmup, iters=5 if args.quick else args.iters)
 
     def cc(fn):
-        return time_cuda(fn, on="cc2ops", device=0, **timing)
+        return (
+            time_graph(fn, on="cc2ops", device=0, **timing),
+            time_cuda(fn, on="cc2ops", device=0, **timing),
+        )
 
     def th(fn):
-        return time_cuda(fn, on="torch", **timing)
+        return (
+            time_graph(fn, on="torch", **timing),
+            time_cuda(fn, on="torch", **timing),
+        )
 
     rng = np.random.default_rng(0)
     rows: list[dict] = []
@@ -261,7 +274,8 @@ def main(argv: list[str] | None = None) -> Path:
         "copy_ceiling_gbps": COPY_CEILING_GBPS,
         "notes": (
             "min_bytes = every input read once + every output written once; "
-            "cc2ops launch functions on GPUArrays timed on cc2ops's stream"
+            "cc2ops_ms/peer_ms: CUDA-graph replays (device time), *_eager_ms: "
+            "eager calls; cc2ops launch functions on GPUArrays on cc2ops's stream"
         ),
     }
     return write_results("layers", rows, torch_peer(), args.out, extra=extra)

@@ -12,6 +12,11 @@ form of the project's BENCHMARK_RESULTS spec::
 
 Timing
 ------
+:func:`time_graph` times a callable's device work replayed as a CUDA graph
+(both libraries captured the same way, launch overhead excluded): the
+``cc2ops_ms`` / ``peer_ms`` of the kernel benchmarks. :func:`time_cuda`
+times eager calls (host launch cost included), reported beside them.
+
 cc2ops launches its kernels on its own stream per device (``cc2ops.cuda.device``),
 PyTorch on its current stream. Both share the device's primary context, so
 :func:`time_cuda` records CUDA events on the stream the timed callable uses:
@@ -42,6 +47,7 @@ __all__ = [
     "PRECISIONS",
     "base_parser",
     "time_cuda",
+    "time_graph",
     "time_host",
     "rel_err",
     "gpu_name",
@@ -153,6 +159,58 @@ def time_cuda(
         raise ValueError(f"time_cuda: on must be 'torch' or 'cc2ops', got {on!r}")
     _sync_all(device)
     return float(statistics.median(times))
+
+
+def time_graph(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 3,
+    iters: int = 30,
+    on: str = "torch",
+    device: int = 0,
+) -> float:
+    """Median milliseconds of ``fn``'s device work, replayed as a CUDA graph.
+
+    ``fn`` is called ``warmup`` times eagerly (kernels compiled, algorithms
+    chosen), captured once into a CUDA graph (``on="cc2ops"``:
+    :class:`cc2ops.cuda.CudaGraph` on cc2ops's stream; ``on="torch"``:
+    ``torch.cuda.graph`` after a warm-up on a side stream, as PyTorch asks),
+    and the graph's replays are timed with CUDA events, one pair each. This
+    is the time of the kernels themselves, back to back, without the host
+    cost of launching them (the same for both libraries).
+    """
+    if iters < 1 or warmup < 1:
+        raise ValueError(
+            f"time_graph: need iters >= 1 and warmup >= 1, got {iters}, {warmup}"
+        )
+    if on == "cc2ops":
+        from cc2ops.cuda.graphs import CudaGraph
+
+        for _ in range(warmup):
+            fn()
+        _sync_all(device)
+        graph = CudaGraph(device)
+        try:
+            graph.capture(fn)
+            return time_cuda(graph.replay, warmup=2, iters=iters, on="cc2ops",
+                             device=device)  # fmt: skip
+        finally:
+            graph.close()
+    if on != "torch":
+        raise ValueError(f"time_graph: on must be 'torch' or 'cc2ops', got {on!r}")
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, warmup=2, iters=iters, on="torch")
 
 
 def time_host(

@@ -12,8 +12,9 @@ names) it
    that raise or whose relative-norm difference from the reference exceeds
    ``tolerance`` (a wrong fast kernel must never win);
 3. times the survivors with the injectable ``timer`` (default
-   :func:`event_timer`: pycuda events on the device's stream, a warm-up call
-   and the median of a few repetitions);
+   :func:`event_timer`: pycuda events on the device's stream held busy while
+   the candidate is queued, so device time is measured, a warm-up call and
+   the median of a few repetitions);
 4. keeps the fastest in memory and in the JSON file
    ``<cache dir>/autotune-<device>.json`` (the cache dir is
    ``CC2OPS_CACHE_DIR``, else ``~/.cache/cc2ops/kernels``, as for cubins),
@@ -104,18 +105,34 @@ def rel_norm_error(got: np.ndarray, ref: np.ndarray) -> float:
 def event_timer(
     fn: Callable[[], None], device: int, *, warmup: int = 1, reps: int = 3
 ) -> float:
-    """Median milliseconds of ``fn()`` between pycuda events on ``device``'s stream."""
+    """Median device milliseconds of ``fn()`` between pycuda events on
+    ``device``'s stream.
+
+    Before each timed call the stream is held busy
+    (:func:`cc2ops.cuda.profile.hold`) for longer than the call takes to
+    queue its work, so the events measure the candidate's kernels back to
+    back, not the Python that launches them: candidates are ranked by what
+    an asynchronous step or a CUDA graph will see.
+    """
+    import time
+
     import pycuda.driver as drv
 
     from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.profile import hold
 
     dev = get_device(device)
     dev.activate()
+    host = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        host = max(host, (time.perf_counter() - t0) * 1e3)
     times = []
     for _ in range(reps):
         start, end = drv.Event(), drv.Event()
+        dev.synchronize()
+        hold(device, max(1.0, 3.0 * host))
         start.record(dev.stream)
         fn()
         end.record(dev.stream)
