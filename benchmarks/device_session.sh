@@ -12,9 +12,10 @@
 #   new         the GPU tests named in $NEW_TESTS
 #   tests       every gpu-marked test, in parallel (pytest-xdist, $JOBS workers)
 #   sanitize    compute-sanitizer memcheck and racecheck on the -k sanitize tests
+#               (or -k "$SANITIZE_K"), each stage with the given limit
 #   conv layers step multi_gpu   the benchmarks (results to $OUT/results)
-#   cache       the cubin cache as $OUT/kcache.tar.xz (bring it along next time as
-#               .devkit/kcache.tar.xz: it is unpacked into the cache first)
+#   cache       the cubin cache (no autotune choices) as $OUT/kcache.tar.gz (bring it
+#               along next time as .devkit/kcache.tar.gz: it is unpacked first)
 # The cubin cache is $CC2OPS_CACHE_DIR (default /tmp/cc2ops-kcache).
 set -u
 OUT=${OUT:-/tmp/cc2ops-out}
@@ -22,8 +23,10 @@ L="$OUT/logs"
 mkdir -p "$OUT/results" "$L"
 export CC2OPS_CACHE_DIR=${CC2OPS_CACHE_DIR:-/tmp/cc2ops-kcache}
 mkdir -p "$CC2OPS_CACHE_DIR"
-# a cache brought along as .devkit/kcache.tar.xz (the `cache` stage of a run)
-[ -f .devkit/kcache.tar.xz ] && tar xJf .devkit/kcache.tar.xz -C "$CC2OPS_CACHE_DIR"
+# a cache brought along as .devkit/kcache.tar.gz or .xz (the `cache` stage of a run)
+for f in .devkit/kcache.tar.gz .devkit/kcache.tar.xz; do
+    [ -f "$f" ] && tar xaf "$f" -C "$CC2OPS_CACHE_DIR"
+done
 JOBS=${JOBS:-8}
 LOG="$OUT/session.log"
 t_start=$(date +%s)
@@ -72,9 +75,11 @@ for arg in "$@"; do
         ;;
     sanitize)
         run_stage memcheck "$limit" compute-sanitizer --tool memcheck \
-            --error-exitcode 3 python3 -m pytest -q -m gpu -k sanitize -p no:cacheprovider tests
+            --error-exitcode 3 python3 -m pytest -q -m gpu -k "${SANITIZE_K:-sanitize}" \
+            -p no:cacheprovider tests
         run_stage racecheck "$limit" compute-sanitizer --tool racecheck \
-            --error-exitcode 3 python3 -m pytest -q -m gpu -k sanitize -p no:cacheprovider tests
+            --error-exitcode 3 python3 -m pytest -q -m gpu -k "${SANITIZE_K:-sanitize}" \
+            -p no:cacheprovider tests
         ;;
     conv)
         run_stage bench_conv "$limit" python3 benchmarks/bench_conv.py --out "$OUT/results" \
@@ -93,8 +98,9 @@ for arg in "$@"; do
             --out "$OUT/results" ${MULTI_ARGS:-}
         ;;
     cache)
-        tar cJf "$OUT/kcache.tar.xz" -C "$CC2OPS_CACHE_DIR" --exclude='*.cu' . 2>>"$LOG"
-        say "cache: $(ls "$CC2OPS_CACHE_DIR" | wc -l) files, $(du -sh "$OUT/kcache.tar.xz" | cut -f1)"
+        tar czf "$OUT/kcache.tar.gz" -C "$CC2OPS_CACHE_DIR" --exclude='*.cu' \
+            --exclude='autotune-*.json' . 2>>"$LOG"
+        say "cache: $(ls "$CC2OPS_CACHE_DIR" | wc -l) files, $(du -sh "$OUT/kcache.tar.gz" | cut -f1)"
         ;;
     *)
         say "unknown stage $name"

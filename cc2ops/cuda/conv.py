@@ -148,8 +148,9 @@ _INT32 = 2**31 - 1
 CHUNK_BUDGETS_MIB = (8, 32, 128)
 #: The deterministic default (what ``CC2OPS_AUTOTUNE=0`` always runs).
 DEFAULT_ALGORITHM = "im2col_knp_32m"
-#: Bumped whenever an algorithm changes (part of the autotuner's key).
-ALGORITHMS_VERSION = 1
+#: Bumped whenever an algorithm or the way candidates are timed changes (part
+#: of the autotuner's key). 2: tap-major tiles; candidates ranked by device time.
+ALGORITHMS_VERSION = 2
 
 
 # --------------------------------------------------------------------------

@@ -658,6 +658,16 @@ def test_gpu_alexnet_layers_tapmajor(layer, op, debug):
 
 
 @pytest.mark.gpu
+def test_conv_igemm_tapmajor_sanitize(debug):
+    """Tap-major kernels and their weight permutation (compute-sanitizer)."""
+    g = geom(3, 32, (7, 6), 32, (3, 2), 1, 1)  # partial tiles along M and N
+    for op in ("filter_acts", "image_acts"):
+        for config in (ci.TAP_TILES[1], ci.TAP_TILES[6]):
+            for precision in ci.PRECISIONS:
+                check(op, g, precision, config, label="sanitize tap-major")
+
+
+@pytest.mark.gpu
 def test_gpu_weight_acts_split_k_is_deterministic(debug):
     g = geom(16, 32, 13, 48, 3, 1, 1)
     assert ci.plan("weight_acts", g, "fp32", splits=5).splits == 5  # forced
