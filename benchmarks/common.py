@@ -335,9 +335,25 @@ def _check_row(row: dict[str, Any]) -> dict[str, Any]:
     for k, v in row.items():
         if isinstance(v, (np.floating, np.integer)):
             row[k] = v.item()
-        if isinstance(row[k], float):
-            row[k] = round(row[k], 5)
+        if isinstance(row[k], float) and np.isfinite(row[k]):
+            # 6 significant digits: times keep their microseconds, errors of
+            # 1e-7 keep their value (fixed decimals would round them to 0)
+            row[k] = float(f"{row[k]:.6g}")
     return row
+
+
+def _keep_history(path: Path, commit: str) -> None:
+    """A same-day file of another commit is history: move it to
+    ``<name>-<its commit>.json`` instead of overwriting it."""
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text()).get("commit", "unknown")
+    except (OSError, ValueError):
+        return
+    if str(old)[:7] == str(commit)[:7]:
+        return
+    path.replace(path.with_name(f"{path.stem}-{str(old)[:7]}.json"))
 
 
 def write_results(
@@ -368,6 +384,7 @@ def write_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{benchmark}-{gpu_tag(name)}-{today:%Y%m%d}.json"
+    _keep_history(path, doc["commit"])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)

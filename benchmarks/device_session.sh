@@ -33,6 +33,10 @@ t_start=$(date +%s)
 
 say() { echo "[$(( $(date +%s) - t_start ))s] $*" | tee -a "$LOG"; }
 
+# the copy of the tree here may carry a stale .git: result files should name
+# the commit that was measured
+[ -n "${CC2OPS_COMMIT:-}" ] || say "warning: CC2OPS_COMMIT is unset; result files record git's HEAD here, which may be stale"
+
 run_stage() {
     local name=$1 limit=$2
     shift 2
