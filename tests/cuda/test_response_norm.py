@@ -154,24 +154,22 @@ def test_kernel_names():
 
 def _chunked_column(x, gy, size, alpha, beta, k, chunk):
     """One column's forward and gradient in the order of the chunked kernels
-    (``kernels/response_norm.cu``, overlapping windows): their register
-    rings, slot arithmetic and halo steps, in float64."""
+    (``kernels/response_norm.cu``, overlapping windows): the forward's halo
+    indexing, the gradient's register rings, slot arithmetic and halo steps,
+    in float64."""
     c_total = len(x)
     a, f = size // 2, (size - 1) // 2
     aos, coef = alpha / size, 2 * alpha * beta / size
     y, gx = np.full(c_total, np.nan), np.full(c_total, np.nan)
     for c0 in range(0, c_total, chunk):
-        ring = [0.0] * size
-        for e in range(size - 1):
-            cc = c0 - a + e
-            ring[e] = x[cc] if 0 <= cc < c_total else 0.0
+        # forward: the chunk and its halo in registers, v[e] = x[c0 - a + e]
+        v = [x[c0 - a + e] if 0 <= c0 - a + e < c_total else 0.0
+             for e in range(chunk + size - 1)]  # fmt: skip
         for j in range(chunk):
             c = c0 + j
-            r = c + f
-            ring[(j + size - 1) % size] = x[r] if r < c_total else 0.0
             if c < c_total:
-                p = (k + aos * sum(v * v for v in ring)) ** -beta
-                y[c] = ring[(j + a) % size] * p
+                p = (k + aos * sum(t * t for t in v[j : j + size])) ** -beta
+                y[c] = v[j + a] * p
         xr, gr, pr, qr = ([0.0] * size for _ in range(4))
         for e in range(size - 1):
             cc = c0 - f - a + e
