@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import re
-import statistics
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -105,40 +104,16 @@ def rel_norm_error(got: np.ndarray, ref: np.ndarray) -> float:
 def event_timer(
     fn: Callable[[], None], device: int, *, warmup: int = 1, reps: int = 3
 ) -> float:
-    """Median device milliseconds of ``fn()`` between pycuda events on
-    ``device``'s stream.
+    """Median device milliseconds of ``fn()`` on ``device``'s stream.
 
-    Before each timed call the stream is held busy
-    (:func:`cc2ops.cuda.profile.hold`) for longer than the call takes to
-    queue its work, so the events measure the candidate's kernels back to
-    back, not the Python that launches them: candidates are ranked by what
-    an asynchronous step or a CUDA graph will see.
+    :func:`cc2ops.cuda.profile.split_time`: the stream is held busy while the
+    candidate queues its work, so events measure its kernels back to back,
+    not the Python that launches them; candidates are ranked by what an
+    asynchronous step or a CUDA graph will see.
     """
-    import time
+    from cc2ops.cuda.profile import split_time
 
-    import pycuda.driver as drv
-
-    from cc2ops.cuda.device import get_device
-    from cc2ops.cuda.profile import hold
-
-    dev = get_device(device)
-    dev.activate()
-    host = 0.0
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        host = max(host, (time.perf_counter() - t0) * 1e3)
-    times = []
-    for _ in range(reps):
-        start, end = drv.Event(), drv.Event()
-        dev.synchronize()
-        hold(device, max(1.0, 3.0 * host))
-        start.record(dev.stream)
-        fn()
-        end.record(dev.stream)
-        end.synchronize()
-        times.append(end.time_since(start))
-    return float(statistics.median(times))
+    return split_time(fn, device, reps=reps, warmup=warmup).device_ms
 
 
 def _read_back(out: Any) -> np.ndarray:

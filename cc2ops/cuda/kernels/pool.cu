@@ -59,6 +59,33 @@ __device__ __forceinline__ void cc2_copy_in(T* dst, const T* __restrict__ src, i
     for (int i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = cc2_ldg(src + i);
 }
 
+<%def name="window_loop(load, op)">\
+        // over the window at (r0, c0) clipped to the image: m = max (a NaN
+        // pixel makes it NaN, numpy's maximum) or sum of ${load}
+#pragma unroll
+        for (int dy = 0; dy < ${sy}; ++dy) {
+            const int r = r0 + dy;
+            if (r < 0 || r >= H) continue;
+#pragma unroll
+            for (int dx = 0; dx < ${sx}; ++dx) {
+                const int c = c0 + dx;
+                if (c < 0 || c >= W) continue;
+                const T v = ${load};
+% if op == "max":
+                m = (v > m || v != v) ? v : m;
+% else:
+                m += v;
+% endif
+            }
+        }\
+</%def>
+<%def name="covering_windows()">\
+        // the windows o with start + o*stride <= pixel < start + o*stride + size
+        const int ho_lo = max(cc2_floordiv(r - ${oy} - ${sy}, ${ty}) + 1, 0);
+        const int ho_hi = min(cc2_floordiv(r - ${oy}, ${ty}), Ho - 1);
+        const int wo_lo = max(cc2_floordiv(c - ${ox} - ${sx}, ${tx}) + 1, 0);
+        const int wo_hi = min(cc2_floordiv(c - ${ox}, ${tx}), Wo - 1);\
+</%def>
 % if kind == "max_fwd":
 extern "C" __global__ void ${name}(
     const T* __restrict__ x, T* __restrict__ y, I planes, int H, int W, int Ho, int Wo)
@@ -72,21 +99,9 @@ extern "C" __global__ void ${name}(
         const T* __restrict__ xp = x + p * (I)H * (I)W;
         const int r0 = ho * ${ty} + ${oy};
         const int c0 = wo * ${tx} + ${ox};
-        // -inf never beats a real pixel and every clipped window holds one;
-        // a NaN pixel makes the window NaN (numpy's maximum)
+        // -inf never beats a real pixel and every clipped window holds one
         T m = cc2_neg_inf(T(0));
-#pragma unroll
-        for (int dy = 0; dy < ${sy}; ++dy) {
-            const int r = r0 + dy;
-            if (r < 0 || r >= H) continue;
-#pragma unroll
-            for (int dx = 0; dx < ${sx}; ++dx) {
-                const int c = c0 + dx;
-                if (c < 0 || c >= W) continue;
-                const T v = cc2_ldg(xp + r * W + c);
-                m = (v > m || v != v) ? v : m;
-            }
-        }
+${window_loop("cc2_ldg(xp + r * W + c)", "max")}
         y[i] = m;
     }
 }
@@ -105,11 +120,7 @@ extern "C" __global__ void ${name}(
         const T* __restrict__ yp = y + p * (I)Ho * (I)Wo;
         const T* __restrict__ gp = gy + p * (I)Ho * (I)Wo;
         const T xv = cc2_ldg(x + i);
-        // windows o with start + o*stride <= r < start + o*stride + size
-        const int ho_lo = max(cc2_floordiv(r - ${oy} - ${sy}, ${ty}) + 1, 0);
-        const int ho_hi = min(cc2_floordiv(r - ${oy}, ${ty}), Ho - 1);
-        const int wo_lo = max(cc2_floordiv(c - ${ox} - ${sx}, ${tx}) + 1, 0);
-        const int wo_hi = min(cc2_floordiv(c - ${ox}, ${tx}), Wo - 1);
+${covering_windows()}
         T acc = T(0);
         for (int ho = ho_lo; ho <= ho_hi; ++ho) {
             for (int wo = wo_lo; wo <= wo_hi; ++wo) {
@@ -181,22 +192,12 @@ extern "C" __global__ void ${name}(
         const T* __restrict__ xp = x + p * (I)H * (I)W;
         const int r0 = ho * ${ty} + ${oy};
         const int c0 = wo * ${tx} + ${ox};
-        T acc = T(0);
-#pragma unroll
-        for (int dy = 0; dy < ${sy}; ++dy) {
-            const int r = r0 + dy;
-            if (r < 0 || r >= H) continue;
-#pragma unroll
-            for (int dx = 0; dx < ${sx}; ++dx) {
-                const int c = c0 + dx;
-                if (c < 0 || c >= W) continue;
-                acc += cc2_ldg(xp + r * W + c);
-            }
-        }
+        T m = T(0);
+${window_loop("cc2_ldg(xp + r * W + c)", "sum")}
         // the clipped window's pixel count
         const int rows = min(r0 + ${sy}, H) - max(r0, 0);
         const int cols = min(c0 + ${sx}, W) - max(c0, 0);
-        y[i] = acc / (T)(rows * cols);
+        y[i] = m / (T)(rows * cols);
     }
 }
 % elif kind == "avg_grad":
@@ -210,10 +211,7 @@ extern "C" __global__ void ${name}(
         const int r = (int)(t % (I)H);
         const I p = t / (I)H;
         const T* __restrict__ gp = gy + p * (I)Ho * (I)Wo;
-        const int ho_lo = max(cc2_floordiv(r - ${oy} - ${sy}, ${ty}) + 1, 0);
-        const int ho_hi = min(cc2_floordiv(r - ${oy}, ${ty}), Ho - 1);
-        const int wo_lo = max(cc2_floordiv(c - ${ox} - ${sx}, ${tx}) + 1, 0);
-        const int wo_hi = min(cc2_floordiv(c - ${ox}, ${tx}), Wo - 1);
+${covering_windows()}
         T acc = T(0);
         for (int ho = ho_lo; ho <= ho_hi; ++ho) {
             const int r0 = ho * ${ty} + ${oy};
@@ -256,22 +254,7 @@ extern "C" __global__ void ${name}(
 % else:
         T m = T(0);
 % endif
-#pragma unroll
-        for (int dy = 0; dy < ${sy}; ++dy) {
-            const int r = r0 + dy;
-            if (r < 0 || r >= H) continue;
-#pragma unroll
-            for (int dx = 0; dx < ${sx}; ++dx) {
-                const int c = c0 + dx;
-                if (c < 0 || c >= W) continue;
-                const T v = xp[r * W + c];
-% if kind == "max_fwd_plane":
-                m = (v > m || v != v) ? v : m;
-% else:
-                m += v;
-% endif
-            }
-        }
+${window_loop("xp[r * W + c]", "max" if kind == "max_fwd_plane" else "sum")}
 % if kind == "max_fwd_plane":
         yb[o] = m;
 % else:
@@ -329,10 +312,7 @@ extern "C" __global__ void ${name}(
         const int pix = e - q * HW;
         const int r = pix / W;
         const int c = pix - r * W;
-        const int ho_lo = max(cc2_floordiv(r - ${oy} - ${sy}, ${ty}) + 1, 0);
-        const int ho_hi = min(cc2_floordiv(r - ${oy}, ${ty}), Ho - 1);
-        const int wo_lo = max(cc2_floordiv(c - ${ox} - ${sx}, ${tx}) + 1, 0);
-        const int wo_hi = min(cc2_floordiv(c - ${ox}, ${tx}), Wo - 1);
+${covering_windows()}
         T acc = T(0);
         for (int ho = ho_lo; ho <= ho_hi; ++ho)
             for (int wo = wo_lo; wo <= wo_hi; ++wo) {

@@ -49,17 +49,22 @@ typedef ${I} I;
 __device__ __forceinline__ float cc2_pow(float a, float b) { return exp2f(b * __log2f(a)); }
 __device__ __forceinline__ double cc2_pow(double a, double b) { return pow(a, b); }
 
-% if kind == "fwd" and not blocked:
-extern "C" __global__ void ${name}(
-    const T* __restrict__ x, T* __restrict__ y, I columns, int hw,
-    T k, T alpha_over_size, T neg_beta)
-{
+<%def name="chunk_loop()">\
+    // thread t: column t % columns (consecutive threads, consecutive w), chunk
+    // t / columns of CH channels starting at c0; base is (b, 0, h, w)
     const I total = columns * (I)${NCH};
     for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (I)gridDim.x * blockDim.x) {
         const int c0 = (int)(t / columns) * ${CH};
         const I col = t - (I)(c0 / ${CH}) * columns;
         const I b = col / (I)hw;
-        const I base = b * (I)${C} * (I)hw + (col - b * (I)hw);
+        const I base = b * (I)${C} * (I)hw + (col - b * (I)hw);\
+</%def>
+% if kind == "fwd" and not blocked:
+extern "C" __global__ void ${name}(
+    const T* __restrict__ x, T* __restrict__ y, I columns, int hw,
+    T k, T alpha_over_size, T neg_beta)
+{
+${chunk_loop()}
         const T* __restrict__ xp = x + base;
         T* __restrict__ yp = y + base;
         // v[e] is channel c0 - A + e: the chunk and its halo, all loaded before
@@ -116,12 +121,7 @@ extern "C" __global__ void ${name}(
     const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gx,
     I columns, int hw, T k, T alpha_over_size, T neg_beta, T coef)
 {
-    const I total = columns * (I)${NCH};
-    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (I)gridDim.x * blockDim.x) {
-        const int c0 = (int)(t / columns) * ${CH};
-        const I col = t - (I)(c0 / ${CH}) * columns;
-        const I b = col / (I)hw;
-        const I base = b * (I)${C} * (I)hw + (col - b * (I)hw);
+${chunk_loop()}
         const T* __restrict__ xp = x + base;
         const T* __restrict__ gp = gy + base;
         T* __restrict__ op = gx + base;
