@@ -13,8 +13,11 @@ Layers (AlexNet sizes, float32, bc01):
 
 Each is timed forward and forward+backward, twice per library: replayed as a
 CUDA graph (``time_graph``: the kernels' device time without launch cost,
-captured the same way for both libraries; these are ``cc2ops_ms``,
-``peer_ms``, the bandwidth columns and ``ratio``) and called eagerly
+captured the same way for both libraries, ``--repeat`` calls back to back per
+replay and the time per call reported, as kernels follow each other in a
+training step; these are ``cc2ops_ms``, ``peer_ms``, the bandwidth columns
+and ``ratio``; ``kernel_floor_ms`` is a one-float kernel timed the same way,
+the least any kernel takes) and called eagerly
 (``time_cuda``: host launch cost included; ``cc2ops_eager_ms``,
 ``peer_eager_ms``). cc2ops runs on its own stream through the module-level
 launch functions on GPUArrays, torch on its stream. Rows report ms, GB/s of
@@ -85,7 +88,14 @@ def _check(name: str, got: Any, want: Any, tol: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    args = base_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=10,
+        help="calls captured back to back per graph replay (time per call reported)",
+    )
+    args = parser.parse_args(argv)
     import torch
     import torch.nn.functional as F
 
@@ -102,15 +112,21 @@ def main(argv: list[str] | None = None) -> Path:
 
     def cc(fn):
         return (
-            time_graph(fn, on="cc2ops", device=0, **timing),
+            time_graph(fn, on="cc2ops", device=0, repeat=args.repeat, **timing),
             time_cuda(fn, on="cc2ops", device=0, **timing),
         )
 
     def th(fn):
         return (
-            time_graph(fn, on="torch", **timing),
+            time_graph(fn, on="torch", repeat=args.repeat, **timing),
             time_cuda(fn, on="torch", **timing),
         )
+
+    # the device time of a kernel that moves 4 bytes, timed the same way: no
+    # kernel is faster, whatever its size
+    one = torch.zeros(1, device="cuda")
+    floor_ms = time_graph(one.zero_, on="torch", repeat=args.repeat, **timing)
+    print(f"kernel floor (torch zero_ of one float): {floor_ms * 1e3:.2f} us")
 
     rng = np.random.default_rng(0)
     rows: list[dict] = []
@@ -272,10 +288,14 @@ def main(argv: list[str] | None = None) -> Path:
     extra = {
         "failures": failures,
         "copy_ceiling_gbps": COPY_CEILING_GBPS,
+        "graph_repeat": args.repeat,
+        "kernel_floor_ms": floor_ms,
         "notes": (
             "min_bytes = every input read once + every output written once; "
-            "cc2ops_ms/peer_ms: CUDA-graph replays (device time), *_eager_ms: "
-            "eager calls; cc2ops launch functions on GPUArrays on cc2ops's stream"
+            f"cc2ops_ms/peer_ms: CUDA-graph replays of {args.repeat} calls back to "
+            "back, per call (device time), *_eager_ms: eager calls; "
+            "kernel_floor_ms: a one-float torch kernel timed the same way; cc2ops "
+            "launch functions on GPUArrays on cc2ops's stream"
         ),
     }
     return write_results("layers", rows, torch_peer(), args.out, extra=extra)

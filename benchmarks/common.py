@@ -168,6 +168,7 @@ def time_graph(
     iters: int = 30,
     on: str = "torch",
     device: int = 0,
+    repeat: int = 1,
 ) -> float:
     """Median milliseconds of ``fn``'s device work, replayed as a CUDA graph.
 
@@ -178,11 +179,25 @@ def time_graph(
     and the graph's replays are timed with CUDA events, one pair each. This
     is the time of the kernels themselves, back to back, without the host
     cost of launching them (the same for both libraries).
+
+    ``repeat`` > 1 captures ``fn`` that many times in a row into the one graph
+    and returns a replay's time divided by ``repeat``: the time per call when
+    calls follow each other (as a training step's kernels do), without the
+    few microseconds a graph launch adds once per replay.
     """
-    if iters < 1 or warmup < 1:
+    if iters < 1 or warmup < 1 or repeat < 1:
         raise ValueError(
-            f"time_graph: need iters >= 1 and warmup >= 1, got {iters}, {warmup}"
+            "time_graph: need iters >= 1, warmup >= 1 and repeat >= 1, got "
+            f"{iters}, {warmup}, {repeat}"
         )
+    if repeat > 1:
+        once = fn
+
+        def fn() -> None:
+            for _ in range(repeat):
+                once()
+
+        return time_graph(fn, warmup=warmup, iters=iters, on=on, device=device) / repeat
     if on == "cc2ops":
         from cc2ops.cuda.graphs import CudaGraph
 

@@ -14,6 +14,7 @@
 #   sanitize    compute-sanitizer memcheck and racecheck on the -k sanitize tests
 #               (or -k "$SANITIZE_K"), each stage with the given limit
 #   conv layers step multi_gpu   the benchmarks (results to $OUT/results)
+#   sweeppool   benchmarks/sweep_pool.py (pooling launch parameters) -> logs/
 #   cache       the cubin cache (no autotune choices) as $OUT/kcache.tar.gz (bring it
 #               along next time as .devkit/kcache.tar.gz: it is unpacked first)
 # The cubin cache is $CC2OPS_CACHE_DIR (default /tmp/cc2ops-kcache).
@@ -92,6 +93,10 @@ for arg in "$@"; do
     layers)
         run_stage bench_layers "$limit" python3 benchmarks/bench_layers.py \
             --out "$OUT/results" ${LAYERS_ARGS:-}
+        ;;
+    sweeppool)
+        run_stage sweep_pool "$limit" python3 benchmarks/sweep_pool.py \
+            --out "$L/sweep_pool.json"
         ;;
     step)
         run_stage bench_step "$limit" python3 benchmarks/bench_step.py \

@@ -242,6 +242,15 @@ class _Physical:
         self.max_shared_per_block = int(
             self.cu_device.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK)
         )
+        per_sm = getattr(attr, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", None)
+        self.max_shared_per_multiprocessor = (
+            int(self.cu_device.get_attribute(per_sm))
+            if per_sm is not None
+            else self.max_shared_per_block_optin
+        )
+        self.max_threads_per_multiprocessor = int(
+            self.cu_device.get_attribute(attr.MAX_THREADS_PER_MULTIPROCESSOR)
+        )
         _log.debug(
             "initialised %s (%s) as physical device %d", self.name, self.arch, index
         )
@@ -282,6 +291,8 @@ class Device:
     multiprocessors : int
     max_shared_per_block, max_shared_per_block_optin : int
         Shared memory per block by default and with the opt-in attribute.
+    max_shared_per_multiprocessor, max_threads_per_multiprocessor : int
+        What one multiprocessor holds at once (see :meth:`resident_blocks`).
     """
 
     def __init__(self, label: int, physical: _Physical) -> None:
@@ -332,6 +343,26 @@ class Device:
     @property
     def max_shared_per_block_optin(self) -> int:
         return self._physical.max_shared_per_block_optin
+
+    @property
+    def max_shared_per_multiprocessor(self) -> int:
+        return self._physical.max_shared_per_multiprocessor
+
+    @property
+    def max_threads_per_multiprocessor(self) -> int:
+        return self._physical.max_threads_per_multiprocessor
+
+    def resident_blocks(self, threads: int, shared_bytes: int) -> int:
+        """Blocks of ``threads`` threads and ``shared_bytes`` of dynamic shared
+        memory that one multiprocessor holds at once, by threads and shared
+        memory (registers not counted; at least 1).
+
+        Each resident block also takes 1 KiB of shared memory that the driver
+        reserves for it (sm_80 and later).
+        """
+        by_threads = self.max_threads_per_multiprocessor // max(1, int(threads))
+        by_smem = self.max_shared_per_multiprocessor // (int(shared_bytes) + 1024)
+        return max(1, min(by_threads, by_smem, 32))
 
     def shares_physical(self, other: Device) -> bool:
         """Whether ``other`` is the same physical device (same context)."""

@@ -78,9 +78,15 @@ _PLANE_KINDS = {
     "avg_fwd": "avg_fwd_plane",
     "max_grad": "max_grad_plane",
 }
-#: Input pixels a plane kernel's block aims for, and its shared-memory cap.
+#: The plane kinds specialised on the image geometry (persistent, double-buffered).
+_FWD_PLANE_KINDS = ("max_fwd_plane", "avg_fwd_plane")
+#: Input pixels a plane kernel's block aims for (per buffer), and its
+#: shared-memory cap (both buffers of a forward kernel).
 _PLANE_PIXELS = 4096
 _PLANE_SMEM = 48 * 1024
+#: Cap on the persistent forward plane kernels' grid (None: what the device
+#: holds at once); tests lower it so that blocks loop over many groups.
+_PLANE_GRID: int | None = None
 _DT = {"float32": "f32", "float64": "f64"}
 
 
@@ -108,12 +114,13 @@ def pool_kernel_name(
     ox: int,
     dtype: str,
     wide: bool,
-    **_: Any,
+    **geometry: Any,
 ) -> str:
     """``max_pool_fwd_s3_st2_f32``-style names: kind, window, stride, start, dtype.
 
     The start appears only when it is not 0 (``_o1``, ``_om1`` for -1), the
-    index width only when it is 64-bit (``_i64``).
+    index width only when it is 64-bit (``_i64``); the forward plane kernels
+    add their geometry (``_54x54_p1_v16``: plane, planes per block, copy width).
     """
     op, _, pas = kind.partition("_")
     name = f"{op}_pool_{pas}" + _pair_tag("s", (sy, sx)) + _pair_tag("st", (ty, tx))
@@ -122,12 +129,23 @@ def pool_kernel_name(
     name += f"_{_DT[dtype]}"
     if wide:
         name += "_i64"
+    if "H" in geometry:
+        g = geometry
+        name += f"_{g['H']}x{g['W']}_p{g['ppb']}_v{g['vec']}"
     return name
 
 
 def _consts(
-    kind: str, size: Pair, stride: Pair, start: Pair, dtype: str, wide: bool
+    kind: str,
+    size: Pair,
+    stride: Pair,
+    start: Pair,
+    dtype: str,
+    wide: bool,
+    geometry: Any = None,
 ) -> dict[str, Any]:
+    """Template constants; ``geometry`` = (H, W, Ho, Wo, ppb, vec) for the
+    forward plane kinds (:data:`_FWD_PLANE_KINDS`), which are specialised on it."""
     c: dict[str, Any] = dict(
         kind=kind,
         sy=int(size[0]),
@@ -139,6 +157,9 @@ def _consts(
         dtype=str(dtype),
         wide=bool(wide),
     )
+    if kind in _FWD_PLANE_KINDS:
+        h, w, ho, wo, ppb, vec = (int(v) for v in geometry)
+        c.update(H=h, W=w, Ho=ho, Wo=wo, ppb=ppb, vec=vec, threads=_BLOCK)
     c["name"] = pool_kernel_name(**c)
     return c
 
@@ -146,10 +167,17 @@ def _consts(
 @register_variants("pool")
 def _pool_variants() -> list[dict[str, Any]]:
     out = [_consts(k, (3, 3), (2, 2), (0, 0), "float32", False) for k in _KINDS]
-    out += [
-        _consts(k, (3, 3), (2, 2), (0, 0), "float32", False)
-        for k in _PLANE_KINDS.values()
-    ]
+    out.append(_consts("max_grad_plane", (3, 3), (2, 2), (0, 0), "float32", False))
+    # AlexNet's pooling layers (16-byte copies) and an odd one (element copies)
+    for kind in _FWD_PLANE_KINDS:
+        for geometry in ((54, 54, 26, 26, 1, 16), (27, 27, 13, 13, 4, 16)):
+            out.append(
+                _consts(kind, (3, 3), (2, 2), (0, 0), "float32", False, geometry)
+            )
+    out.append(
+        _consts("avg_fwd_plane", (2, 3), (3, 1), (1, -1), "float64", False,
+                (7, 9, 2, 8, 3, 8))
+    )  # fmt: skip
     out.append(_consts("max_grad_plane", (2, 3), (3, 1), (1, -1), "float64", False))
     out.append(_consts("max_fwd", (2, 3), (3, 1), (1, -1), "float64", True))
     out.append(_consts("max_grad", (2, 3), (3, 1), (1, -1), "float64", True))
@@ -201,7 +229,7 @@ def plane_plan(kind: str, image: tuple, pooled: tuple, itemsize: int) -> Any:
     def smem(ppb: int) -> int:
         if kind == "max_grad":
             return pad(ppb * hw) + 2 * pad(ppb * howo) + 4 * ppb * howo
-        return pad(ppb * hw)
+        return 2 * pad(ppb * hw)  # double-buffered
 
     if smem(1) > _PLANE_SMEM:
         return None
@@ -230,13 +258,30 @@ def _launch_plane(
         return False
     ppb, smem = plan
     planes = image[0] * image[1]
-    consts = _consts(_PLANE_KINDS[kind], size, stride, start, dtype, False)
+    if not planes:
+        return True
+    groups = -(-planes // ppb)
+    plane_kind = _PLANE_KINDS[kind]
+    if plane_kind in _FWD_PLANE_KINDS:
+        from cc2ops.cuda.device import get_device
+
+        itemsize = np.dtype(dtype).itemsize
+        chunk_bytes = ppb * image[2] * image[3] * itemsize
+        aligned = array.ptr(arrays[0]) % 16 == 0 and chunk_bytes % 16 == 0
+        geometry = (*image[2:], *pooled[2:], ppb, 16 if aligned else itemsize)
+        consts = _consts(plane_kind, size, stride, start, dtype, False, geometry)
+        fn = get_kernel("pool", device, **consts)
+        dev = get_device(device)
+        grid = min(groups, dev.multiprocessors * dev.resident_blocks(_BLOCK, smem))
+        if _PLANE_GRID is not None:
+            grid = max(1, min(grid, _PLANE_GRID))
+        launch(fn, grid, _BLOCK, [*arrays, np.int64(planes)], device, shared_mem=smem)
+        return True
+    consts = _consts(plane_kind, size, stride, start, dtype, False)
     fn = get_kernel("pool", device, **consts)
     geometry = [np.int64(planes), np.int32(image[2]), np.int32(image[3]),
                 np.int32(pooled[2]), np.int32(pooled[3]), np.int32(ppb)]  # fmt: skip
-    if planes:
-        launch(fn, -(-planes // ppb), _BLOCK, [*arrays, *geometry], device,
-               shared_mem=smem)  # fmt: skip
+    launch(fn, groups, _BLOCK, [*arrays, *geometry], device, shared_mem=smem)
     return True
 
 

@@ -374,6 +374,33 @@ def test_plane_and_per_element_kernels_agree_bit_for_bit(case, debug, monkeypatc
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("grid", [1, 3, None], ids=["grid1", "grid3", "full grid"])
+@pytest.mark.parametrize(
+    "case",
+    [(3, 7, 54, 54, 3, 2, 0, "float32"),  # one plane per group, 21 groups
+     (5, 9, 27, 27, 3, 2, 0, "float32"),  # 4 planes per group, a partial last one
+     (2, 5, 45, 45, 3, 2, 0, "float32"),  # 2 planes of 2025: element-sized copies
+     (3, 50, 7, 9, (2, 3), (3, 1), (1, -1), "float64"),  # 64 planes per group
+     (1, 3, 54, 54, 3, 2, 0, "float64")],  # one plane fills half of 48 KB
+    ids=["54^2", "27^2 partial", "45^2 unaligned", "7x9 f64", "54^2 f64"],
+)  # fmt: skip
+def test_persistent_plane_forward_loops_over_groups(case, grid, debug, monkeypatch):
+    """The forward plane kernels' blocks take groups g, g + grid, ...: each
+    block double-buffers across many groups when the grid is small."""
+    b, c, h, w, size, stride, start, dtype = case
+    monkeypatch.setattr(gpool, "_PLANE_GRID", grid)
+    args = (size, stride, start)
+    pooled = (b, c, *max_pool_reference(np.zeros((1, 1, h, w)), *args).shape[2:])
+    plan = gpool.plane_plan("max_fwd", (b, c, h, w), pooled, np.dtype(dtype).itemsize)
+    assert plan is not None, case
+    x = rng(7).standard_normal((b, c, h, w)).astype(dtype)
+    got = to_host(gpool.max_pool_forward(to_gpu(x), *args))
+    np.testing.assert_array_equal(got, max_pool_reference(x, *args), err_msg=str(case))
+    got = to_host(gpool.avg_pool_forward(to_gpu(x), *args))
+    close(got, avg_pool_reference(x, *args), dtype, f"{case} avg")
+
+
+@pytest.mark.gpu
 def test_special_values(debug):
     x = np.full((1, 2, 5, 5), -np.inf, dtype="float32")
     x[0, 1, 2, 2] = np.nan
@@ -471,3 +498,32 @@ def test_pool_sanitize():
     run_family(3, 5, 9, 10, (2, 3), (2, 1), (-1, 1), "float32")
     run_family(2, 3, 7, 7, 3, 2, 0, "float64", ties=True)
     run_family(2, 64, 54, 54, 3, 2, 0, "float32")  # one plane per block
+
+
+@pytest.mark.parametrize(
+    "image, pooled, itemsize, want",
+    [((128, 64, 54, 54), (128, 64, 26, 26), 4, (1, 2 * 11664)),
+     ((128, 192, 27, 27), (128, 192, 13, 13), 4, (4, 2 * 11664)),  # 5 -> 4: aligned
+     ((2, 5, 45, 45), (2, 5, 22, 22), 4, (2, 2 * 16208)),
+     ((1, 3, 54, 54), (1, 3, 26, 26), 8, (1, 2 * 23328)),
+     ((1, 1, 80, 80), (1, 1, 39, 39), 4, None)],  # two buffers exceed 48 KB
+)  # fmt: skip
+def test_forward_plane_plan_double_buffers(image, pooled, itemsize, want):
+    """(planes per block, shared bytes) of the forward plane kernels: two
+    16-byte-padded buffers of whole planes, within the 48 KB cap."""
+    for kind in ("max_fwd", "avg_fwd"):
+        assert gpool.plane_plan(kind, image, pooled, itemsize) == want
+
+
+def test_forward_plane_kernel_names_carry_the_geometry():
+    c = gpool._consts("max_fwd_plane", (3, 3), (2, 2), (0, 0), "float32", False,
+                      (54, 54, 26, 26, 1, 16))  # fmt: skip
+    assert c["name"] == "max_pool_fwd_plane_s3_st2_f32_54x54_p1_v16"
+    assert (c["H"], c["W"], c["Ho"], c["Wo"], c["ppb"], c["vec"]) == (
+        54,
+        54,
+        26,
+        26,
+        1,
+        16,
+    )

@@ -13,7 +13,12 @@ consecutive columns, so loads and stores are coalesced along W.
 The *_plane kinds ("max_fwd_plane", "avg_fwd_plane", "max_grad_plane") are
 used when a plane fits in shared memory: a block takes `ppb` whole planes,
 copies them in with 16-byte loads where aligned (each input element read
-from memory once), and works from shared memory; the max gradient first
+from memory once), and works from shared memory. The forward plane kernels
+are specialised on the geometry too (extra constants H, W, Ho, Wo, ppb, vec:
+16 for 16-byte copies, else the element size, threads) and run persistent
+blocks that double-buffer: the next group of planes is copied in with
+cp.async while the current one is pooled, and take only (x, y, planes).
+The max gradient first
 finds each window's first maximum (one scan per window, not per pixel) and
 then lets every pixel gather from the windows that chose it, in the same
 order as the per-pixel kernel (bit-identical sums).
@@ -226,42 +231,85 @@ ${covering_windows()}
     }
 }
 % elif kind in ("max_fwd_plane", "avg_fwd_plane"):
+<%
+# geometry constants exist only for these kinds (strict undefined names)
+GH, GW, GHO, GWO = (context.get(k) for k in ("H", "W", "Ho", "Wo"))
+ppb, vec, threads = (context.get(k) for k in ("ppb", "vec", "threads"))
+HW = GH * GW
+HOWO = GHO * GWO
+CHUNK = ppb * HW
+ISZ = 4 if dtype == "float32" else 8
+# each buffer starts 16-byte aligned
+CHUNK_PAD = -(-CHUNK * ISZ // 16) * 16 // ISZ
+%>
+// Copies n elements (a group's planes) from src into buf with cp.async:
+// 16-byte pieces when vec == 16 (the host checked that every group starts
+// 16-byte aligned), element-sized pieces otherwise.
+__device__ __forceinline__ void cc2_stage(T* buf, const T* __restrict__ src, int n)
+{
+% if vec == 16:
+    constexpr int PER = 16 / sizeof(T);
+    const int n16 = n / PER;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n16; i += ${threads}) cc2_cp_async<16>(buf + i * PER, src + i * PER);
+    for (int i = n16 * PER + threadIdx.x; i < n; i += ${threads}) cc2_cp_async<sizeof(T)>(buf + i, src + i);
+% else:
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += ${threads}) cc2_cp_async<sizeof(T)>(buf + i, src + i);
+% endif
+}
+
+// Persistent blocks over groups of ${ppb} whole ${GH}x${GW} planes: group
+// g + gridDim.x is copied into one shared buffer while group g is pooled
+// from the other, so every block keeps a group's loads in flight while it
+// computes. Geometry is compile-time (divisions by Wo, Ho*Wo are multiplies).
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}(
+    const T* __restrict__ x, T* __restrict__ y, index_t planes);
 extern "C" __global__ void ${name}(
-    const T* __restrict__ x, T* __restrict__ y, index_t planes, int H, int W, int Ho, int Wo,
-    int ppb)
+    const T* __restrict__ x, T* __restrict__ y, index_t planes)
 {
     extern __shared__ uint4 cc2_smem4[];
-    T* sx = reinterpret_cast<T*>(cc2_smem4);
-    const index_t p0 = (index_t)blockIdx.x * ppb;
-    const int np = (int)min((index_t)ppb, planes - p0);
-    const int HW = H * W;
-    const int HoWo = Ho * Wo;
-    cc2_copy_in(sx, x + p0 * HW, np * HW);
-    __syncthreads();
-    T* __restrict__ yb = y + p0 * HoWo;
-    const int n_out = np * HoWo;
-#pragma unroll 2
-    for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
-        const int q = o / HoWo;
-        const int rest = o - q * HoWo;
-        const int ho = rest / Wo;
-        const int wo = rest - ho * Wo;
-        const T* xp = sx + q * HW;
-        const int r0 = ho * ${ty} + ${oy};
-        const int c0 = wo * ${tx} + ${ox};
+    T* const bufs = reinterpret_cast<T*>(cc2_smem4);
+    const index_t groups = (planes + ${ppb} - 1) / ${ppb};
+    index_t g = blockIdx.x;
+    if (g >= groups) return;  // the whole block
+    cc2_stage(bufs, x + g * ${CHUNK}, (int)min((index_t)${ppb}, planes - g * ${ppb}) * ${HW});
+    cc2_cp_async_commit();
+    for (int it = 0; g < groups; g += gridDim.x, ++it) {
+        const T* cur = bufs + (it & 1) * ${CHUNK_PAD};
+        const index_t gn = g + gridDim.x;
+        if (gn < groups)
+            cc2_stage(bufs + ((it + 1) & 1) * ${CHUNK_PAD}, x + gn * ${CHUNK},
+                      (int)min((index_t)${ppb}, planes - gn * ${ppb}) * ${HW});
+        cc2_cp_async_commit();  // possibly empty: one group per iteration
+        cc2_cp_async_wait<1>();  // group g's copies (this thread's) have landed
+        __syncthreads();         // ... and every other thread's
+        const int n_out = (int)min((index_t)${ppb}, planes - g * ${ppb}) * ${HOWO};
+        T* __restrict__ yb = y + g * ${ppb * HOWO};
+        for (int o = threadIdx.x; o < n_out; o += ${threads}) {
+            const int q = o / ${HOWO};
+            const int rest = o - q * ${HOWO};
+            const int ho = rest / ${GWO};
+            const int wo = rest - ho * ${GWO};
+            const T* xp = cur + q * ${HW};
+            const int r0 = ho * ${ty} + ${oy};
+            const int c0 = wo * ${tx} + ${ox};
+            constexpr int H = ${GH}, W = ${GW};
 % if kind == "max_fwd_plane":
-        T m = cc2_neg_inf(T(0));
+            T m = cc2_neg_inf(T(0));
 % else:
-        T m = T(0);
+            T m = T(0);
 % endif
 ${window_loop("xp[r * W + c]", "max" if kind == "max_fwd_plane" else "sum")}
 % if kind == "max_fwd_plane":
-        yb[o] = m;
+            yb[o] = m;
 % else:
-        const int rows = min(r0 + ${sy}, H) - max(r0, 0);
-        const int cols = min(c0 + ${sx}, W) - max(c0, 0);
-        yb[o] = m / (T)(rows * cols);
+            const int rows = min(r0 + ${sy}, H) - max(r0, 0);
+            const int cols = min(c0 + ${sx}, W) - max(c0, 0);
+            yb[o] = m / (T)(rows * cols);
 % endif
+        }
+        __syncthreads();  // the buffer just read is the next iteration's target
     }
 }
 % elif kind == "max_grad_plane":
