@@ -377,10 +377,10 @@ def test_plane_and_per_element_kernels_agree_bit_for_bit(case, debug, monkeypatc
 @pytest.mark.parametrize("grid", [1, 3, None], ids=["grid1", "grid3", "full grid"])
 @pytest.mark.parametrize(
     "case",
-    [(3, 7, 54, 54, 3, 2, 0, "float32"),  # one plane per group, 21 groups
-     (5, 9, 27, 27, 3, 2, 0, "float32"),  # 4 planes per group, a partial last one
-     (2, 5, 45, 45, 3, 2, 0, "float32"),  # 2 planes of 2025: element-sized copies
-     (3, 50, 7, 9, (2, 3), (3, 1), (1, -1), "float64"),  # 64 planes per group
+    [(3, 7, 54, 54, 3, 2, 0, "float32"),  # two planes per group, 11 groups
+     (5, 9, 27, 27, 3, 2, 0, "float32"),  # 8 planes per group, a partial last one
+     (2, 5, 45, 45, 3, 2, 0, "float32"),  # 3 planes of 2025: element-sized copies
+     (3, 50, 7, 9, (2, 3), (3, 1), (1, -1), "float64"),  # 48 planes per group
      (1, 3, 54, 54, 3, 2, 0, "float64")],  # one plane fills half of 48 KB
     ids=["54^2", "27^2 partial", "45^2 unaligned", "7x9 f64", "54^2 f64"],
 )  # fmt: skip
@@ -502,10 +502,10 @@ def test_pool_sanitize():
 
 @pytest.mark.parametrize(
     "image, pooled, itemsize, want",
-    [((128, 64, 54, 54), (128, 64, 26, 26), 4, (1, 2 * 11664)),
-     ((128, 192, 27, 27), (128, 192, 13, 13), 4, (4, 2 * 11664)),  # 5 -> 4: aligned
-     ((2, 5, 45, 45), (2, 5, 22, 22), 4, (2, 2 * 16208)),
-     ((1, 3, 54, 54), (1, 3, 26, 26), 8, (1, 2 * 23328)),
+    [((128, 64, 54, 54), (128, 64, 26, 26), 4, (2, 2 * 23328)),
+     ((128, 192, 27, 27), (128, 192, 13, 13), 4, (8, 2 * 23328)),  # a multiple of 4
+     ((2, 5, 45, 45), (2, 5, 22, 22), 4, (3, 2 * 24304)),  # 3 < 4: unaligned groups
+     ((1, 3, 54, 54), (1, 3, 26, 26), 8, (1, 2 * 23328)),  # 2 planes exceed 48 KB
      ((1, 1, 80, 80), (1, 1, 39, 39), 4, None)],  # two buffers exceed 48 KB
 )  # fmt: skip
 def test_forward_plane_plan_double_buffers(image, pooled, itemsize, want):
