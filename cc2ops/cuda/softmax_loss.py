@@ -7,14 +7,26 @@ integer labels (B,) of any integer dtype or soft targets (B, K) of the
 logits' dtype. ``@register_lift`` rules move the host ops here in
 ``cc2ops.cuda.mode()``.
 
-Kernels (``kernels/softmax_loss.cu``): one block per row, an online
-logsumexp over the row (the logits are read once by the forward), warp
-shuffles and one shared-memory step to combine, any K (tested to 21841).
-They are specialised on dtype, target kind (label dtype or soft) and block
-size: ``softmax_xent_fwd_i64_t1024_f32``. The module functions
-:func:`softmax_cross_entropy_forward`, :func:`softmax_cross_entropy_grad`
-and :func:`top_k_error` launch them on GPUArrays (what ``perform`` runs;
-benchmarks call them directly).
+Kernels (``kernels/softmax_loss.cu``): an online logsumexp over each row
+(the logits are read once by the forward), warp shuffles and one
+shared-memory step to combine, any K (tested to 21841). They are
+specialised on dtype, target kind (label dtype or soft), block size and, for
+the forward, the load width: ``softmax_xent_fwd_i64_t256_v4_f32``. The
+module functions :func:`softmax_cross_entropy_forward`,
+:func:`softmax_cross_entropy_grad` and :func:`top_k_error` launch them on
+GPUArrays (what ``perform`` runs; benchmarks call them directly).
+
+How the forward spreads a row: the gradient and the top-k error run one
+block per row. The forward cuts each row into S chunks (:func:`forward_splits`:
+S = 1 when the rows alone give 4 blocks per SM or are short; 128 x 21841
+float32 on 132 SMs gets S = 6, 768 blocks of 256 threads, one wave) and
+reads them with 16-byte loads (a scalar head and tail around the row's
+16-byte-aligned middle, so odd K are vectorised too). With S > 1 the chunks'
+partial states go to a per-device workspace; the last chunk of a row to
+finish (a per-row arrival counter) combines them in chunk order, so the
+result is deterministic, writes the loss and zeroes its counter again, so
+the workspace is reused by every later launch and by CUDA-graph replays
+without a memset (:func:`forward_workspace`).
 
 What the gradient recomputes: :class:`GpuSoftmaxCrossEntropyGrad` takes
 ``(g, logits, targets)`` and recomputes the row max and the sum of
@@ -31,6 +43,7 @@ label and its row, as the host ops do.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -41,7 +54,9 @@ from pytensor.tensor.special import log_softmax
 
 from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, is_disconnected
 from cc2ops.cuda import array
+from cc2ops.cuda.availability import driver
 from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
+from cc2ops.cuda.device import get_device, register_shutdown_hook
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.lift import register_lift, to_gpu
@@ -60,6 +75,11 @@ __all__ = [
     "top_k_error",
     "softmax_loss_kernel_name",
     "block_size",
+    "forward_splits",
+    "forward_vector_width",
+    "forward_workspace",
+    "SPLIT_BLOCK",
+    "MAX_SPLITS",
     "new_label_flag",
     "check_label_flag",
 ]
@@ -79,6 +99,10 @@ LABEL_CTYPES = {
     "uint64": "unsigned long long",
 }
 _NO_ERROR = 0xFFFFFFFF
+#: threads per block of the forward when a row is split
+SPLIT_BLOCK = 256
+#: the most chunks a row may be split into (``splits=``)
+MAX_SPLITS = 4096
 
 
 # --------------------------------------------------------------------------
@@ -94,12 +118,14 @@ def softmax_loss_kernel_name(
     label: str | None = None,
     block: int = 1024,
     ltype: str | None = None,
+    vec: int = 1,
     **_: Any,
 ) -> str:
-    """``softmax_xent_fwd_i64_t1024_f32``, ``..._soft_...``, ``top_k_error_...``.
+    """``softmax_xent_fwd_i64_t256_v4_f32``, ``..._soft_...``, ``top_k_error_...``.
 
     ``label`` is the labels' numpy dtype (``i64``, ``u8``...; or give the C
-    type ``ltype``), ignored for soft targets.
+    type ``ltype``), ignored for soft targets. ``vec`` (elements per load)
+    appears in forward names only: the other kernels load scalars.
     """
     if label is None:
         label = {c: d for d, c in LABEL_CTYPES.items()}[ltype]
@@ -109,11 +135,12 @@ def softmax_loss_kernel_name(
         "topk": "top_k_error",
     }[kind]
     tgt = "soft" if soft else label.replace("uint", "u").replace("int", "i")
-    return f"{base}_{tgt}_t{block}_{_DT[dtype]}"
+    width = f"_v{vec}" if kind == "xent_fwd" else ""
+    return f"{base}_{tgt}_t{block}{width}_{_DT[dtype]}"
 
 
 def _consts(
-    kind: str, dtype: str, soft: bool, label: str, block: int
+    kind: str, dtype: str, soft: bool, label: str, block: int, vec: int = 1
 ) -> dict[str, Any]:
     c: dict[str, Any] = dict(
         kind=kind,
@@ -121,6 +148,7 @@ def _consts(
         soft=bool(soft),
         label=str(label),
         block=int(block),
+        vec=int(vec),
     )
     c["name"] = softmax_loss_kernel_name(**c)
     c["ltype"] = LABEL_CTYPES[c["label"]]
@@ -131,8 +159,15 @@ def _consts(
 @register_variants("softmax_loss")
 def _softmax_loss_variants() -> list[dict[str, Any]]:
     return [
-        _consts("xent_fwd", "float32", False, "int64", 1024),
-        _consts("xent_fwd", "float64", True, "int64", 32),
+        _consts("xent_fwd", "float32", False, "int64", 1024, 4),
+        _consts("xent_fwd", "float32", False, "int64", SPLIT_BLOCK, 4),
+        _consts("xent_fwd", "float32", False, "int32", SPLIT_BLOCK, 1),
+        _consts("xent_fwd", "float32", True, "int64", SPLIT_BLOCK, 4),
+        _consts("xent_fwd", "float32", True, "int64", 1024, 1),
+        _consts("xent_fwd", "float64", False, "uint8", SPLIT_BLOCK, 2),
+        _consts("xent_fwd", "float64", False, "int64", 32, 1),
+        _consts("xent_fwd", "float64", True, "int64", 32, 2),
+        _consts("xent_fwd", "float64", True, "int64", SPLIT_BLOCK, 1),
         _consts("xent_grad", "float32", False, "int32", 256),
         _consts("xent_grad", "float64", True, "int64", 128),
         _consts("topk", "float32", False, "int64", 1024),
@@ -144,6 +179,156 @@ def block_size(k: int) -> int:
     """Threads per row: a power of two near K/4, clamped to 32..1024."""
     want = max(1, (int(k) + 3) // 4)
     return int(min(1024, max(32, 1 << (want - 1).bit_length())))
+
+
+#: a chunk of a split row is at least this many bytes
+_MIN_CHUNK = 8192
+
+
+def forward_splits(b: int, k: int, itemsize: int, multiprocessors: int) -> int:
+    """Chunks per row (S) of the forward kernel; 1 is one block per row.
+
+    Parameters
+    ----------
+    b, k : int
+        Rows and classes of the logits (B, K).
+    itemsize : int
+        Bytes per logit: 4 (float32) or 8 (float64).
+    multiprocessors : int
+        The device's SM count.
+
+    Returns
+    -------
+    int
+        S >= 1; the grid has B * S blocks (of :data:`SPLIT_BLOCK` threads
+        when S > 1).
+
+    Notes
+    -----
+    S = 1 when the rows alone give 4 blocks per SM, or when a row has fewer
+    than two chunks of 8 KiB (splitting a short row adds the combine's
+    latency and saves little). Otherwise S is the larger of ceil(4 SMs / B)
+    (at least 4 blocks per SM overall) and the chunks of 16 KiB that let
+    each thread read its share in one batch of four 16-byte loads, the
+    latter only as far as the grid stays one wave of 6 blocks per SM; S never
+    gives a chunk under 8 KiB. 128 x 21841 float32 on 132 SMs: S = 6.
+    """
+    b, k = int(b), int(k)
+    want = 4 * int(multiprocessors)
+    row = k * int(itemsize)
+    if b < 1 or b >= want or row < 2 * _MIN_CHUNK:
+        return 1
+    fill = -(-want // b)
+    batch = -(-row // (SPLIT_BLOCK * 16 * 4))
+    wave = max(1, 6 * int(multiprocessors) // b)
+    return max(1, min(row // _MIN_CHUNK, max(fill, min(batch, wave))))
+
+
+def forward_vector_width(
+    x_ptr: int, t_ptr: int | None, itemsize: int, soft: bool
+) -> int:
+    """Elements per load of the forward kernel: 16 bytes' worth, or 1.
+
+    Any K is read with 16-byte loads (each row's misaligned head and tail
+    are read as scalars), provided the logits' address is a multiple of
+    ``itemsize`` and, for soft targets (``t_ptr``), the targets are
+    misaligned like the logits (so that one head serves both); else 1.
+    """
+    itemsize = int(itemsize)
+    if x_ptr % itemsize:
+        return 1
+    if soft and (t_ptr is None or (x_ptr - t_ptr) % 16):
+        return 1
+    return 16 // itemsize
+
+
+class _Workspace:
+    """The forward's split workspace on one physical device."""
+
+    __slots__ = ("alloc", "rows", "part_bytes", "count_bytes", "zeroed")
+
+    def __init__(self, alloc: Any, rows: int, part_bytes: int, count_bytes: int):
+        self.alloc = alloc
+        self.rows = rows
+        self.part_bytes = part_bytes
+        self.count_bytes = count_bytes
+        self.zeroed = False
+
+
+_workspaces: dict[int, _Workspace] = {}
+#: outgrown workspaces, never freed: a CUDA graph captured with one may
+#: still replay into it (they grow by powers of two: at most 2x the memory)
+_outgrown: list[Any] = []
+_workspace_lock = threading.Lock()
+_workspace_hook = False
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _free_workspaces() -> None:
+    _workspaces.clear()
+    _outgrown.clear()
+
+
+def forward_workspace(device: int, rows: int, partial_bytes: int) -> tuple[int, int]:
+    """Device addresses ``(counters, partials)`` of the forward's split workspace.
+
+    Parameters
+    ----------
+    device : int
+        Device label; the workspace belongs to its physical device.
+    rows : int
+        uint32 arrival counters needed (B), each 0 between launches.
+    partial_bytes : int
+        Bytes of partial states needed (B * S states of 2 or 4 values).
+
+    Notes
+    -----
+    One workspace per physical device, reused by every launch: they are all
+    ordered on the device's one stream, and each launch leaves its counters
+    0. It grows to powers of two when a launch needs more. New counters are
+    zeroed by an asynchronous memset on the stream; while the device is
+    captured into a CUDA graph that memset is recorded into the graph
+    instead (nothing runs during a capture), so the workspace stays marked
+    unzeroed and the next eager call zeroes it again.
+    """
+    global _workspace_hook
+    from cc2ops.cuda.graphs import capturing
+
+    dev = get_device(device)
+    with _workspace_lock:
+        ws = _workspaces.get(dev.index)
+        if ws is None or ws.rows < rows or ws.part_bytes < partial_bytes:
+            new_rows = _pow2(max(rows, ws.rows if ws else 1))
+            new_part = _pow2(max(partial_bytes, ws.part_bytes if ws else 1))
+            count_bytes = -(-4 * new_rows // 256) * 256
+            dev.activate()
+            alloc = dev.allocator(count_bytes + new_part)
+            if ws is not None:
+                _outgrown.append(ws.alloc)
+            ws = _Workspace(alloc, new_rows, new_part, count_bytes)
+            _workspaces[dev.index] = ws
+            if not _workspace_hook:
+                register_shutdown_hook(_free_workspaces)
+                _workspace_hook = True
+        base = int(ws.alloc)
+        if not ws.zeroed:
+            dev.activate()
+            driver().memset_d32_async(base, 0, ws.rows, dev.stream)
+            ws.zeroed = not capturing(device)
+        return base, base + ws.count_bytes
+
+
+def _check_splits(op: str, splits: Any) -> int | None:
+    if splits is None:
+        return None
+    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)):
+        raise TypeError(f"{op}: splits must be an int or None, got {splits!r}")
+    if not 1 <= int(splits) <= MAX_SPLITS:
+        raise ValueError(f"{op}: splits must be in [1, {MAX_SPLITS}], got {splits}")
+    return int(splits)
 
 
 def _check_logits(op: str, x: Any) -> None:
@@ -244,6 +429,37 @@ def _run(
     return flag
 
 
+def _forward(
+    x: Any, t: Any, soft: bool, loss: Any, device: int, flag: Any, splits: int | None
+) -> Any:
+    b, k = (int(s) for s in x.shape)
+    if flag is None:
+        flag = new_label_flag(device)
+    if b == 0:
+        return flag
+    dev = get_device(device)
+    itemsize = np.dtype(x.dtype).itemsize
+    if splits is None:
+        splits = forward_splits(b, k, itemsize, dev.multiprocessors)
+    block = SPLIT_BLOCK if splits > 1 else block_size(k)
+    t_ptr = array.ptr(t) if soft else None
+    vec = forward_vector_width(array.ptr(x), t_ptr, itemsize, soft)
+    label = "int64" if soft else str(t.dtype)
+    consts = _consts("xent_fwd", str(x.dtype), soft, label, block, vec)
+    # 1024 threads per block fit the register file only with <= 64 registers
+    options = ("-maxrregcount=64",) if block > 512 else ()
+    fn = get_kernel("softmax_loss", device, options=options, **consts)
+    count = part = 0
+    if splits > 1:
+        part_bytes = b * splits * (4 if soft else 2) * itemsize
+        count, part = forward_workspace(device, b, part_bytes)
+    grid = min(b * splits, 2**31 - 1)
+    args = [x, t, loss, np.int64(b), np.int64(k), np.int64(splits),
+            np.uintp(part), np.uintp(count), flag]  # fmt: skip
+    launch(fn, grid, block, args, device)
+    return flag
+
+
 def softmax_cross_entropy_forward(
     logits: Any,
     targets: Any,
@@ -251,6 +467,7 @@ def softmax_cross_entropy_forward(
     device: int = 0,
     check: bool = True,
     flag: Any = None,
+    splits: int | None = None,
     op: str = "GpuSoftmaxCrossEntropy",
 ) -> Any:
     """Per-example softmax cross-entropy of GPUArrays; returns the loss (B,).
@@ -260,20 +477,39 @@ def softmax_cross_entropy_forward(
     logits : GPUArray, float32 or float64, shape (B, K)
     targets : GPUArray
         Integer labels (B,) or soft targets (B, K) of the logits' dtype.
+    device : int
+        Device label the arrays live on.
     check : bool
         Read the label-error flag back and raise ``ValueError`` on a label
-        outside ``[0, K)`` (synchronises the stream); ``False`` leaves the
-        launch asynchronous (bad rows are NaN).
+        outside ``[0, K)`` (synchronises the stream; deferred to after each
+        replay while a CUDA graph captures); ``False`` leaves the launch
+        asynchronous (bad rows are NaN).
     flag : GPUArray, optional
         The label-error flag to use (:func:`new_label_flag`); default a new
         one per call. A reused flag saves one small fill per launch.
+    splits : int, optional
+        Chunks per row, 1 to :data:`MAX_SPLITS` (``None``: chosen by
+        :func:`forward_splits`). For tests and tuning: every value gives the
+        loss to rounding, more chunks than 16-byte vectors leave some empty.
+
+    Returns
+    -------
+    GPUArray, shape (B,), the logits' dtype
+
+    Notes
+    -----
+    With more than one chunk per row the launch uses the device's workspace
+    (:func:`forward_workspace`); the result is deterministic for a given
+    ``splits`` (partials are combined in chunk order), and may differ from
+    another ``splits`` in the last bits.
     """
     _check_logits(op, logits)
     soft = _check_targets(op, targets, logits)
+    splits = _check_splits(op, splits)
     x = array.ascontiguous(logits, device)
     t = array.ascontiguous(targets, device)
     loss = array.empty((int(x.shape[0]),), x.dtype, device)
-    flag = _run("xent_fwd", x, t, soft, loss, [], [], device, flag)
+    flag = _forward(x, t, soft, loss, device, flag, splits)
     if check and not soft:
         check_label_flag(flag, t, op, int(x.shape[1]), device)
     return loss
@@ -423,7 +659,10 @@ class GpuSoftmaxCrossEntropy(GpuOp):
     -----
     A label outside ``[0, K)`` raises ``ValueError`` when the function runs
     (the op reads a 4-byte error flag back, synchronising its stream once per
-    call). Pullback wrt the logits :class:`GpuSoftmaxCrossEntropyGrad`; soft
+    call). Long rows are spread over several blocks when the batch alone
+    would not fill the device (:func:`softmax_cross_entropy_forward`); the
+    loss is deterministic either way. Pullback wrt the logits
+    :class:`GpuSoftmaxCrossEntropyGrad`; soft
     targets get ``-log_softmax(logits) * g[:, None]`` (a host graph that the
     GPU mode lifts); labels are disconnected.
     """

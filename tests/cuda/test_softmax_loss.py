@@ -4,7 +4,11 @@ GPU tests (``gpu`` marker) compare with :mod:`cc2ops.softmax_loss`'s
 references for K = 1, 7, 1000, 21841, labels 0 and K-1, soft targets, logits
 of magnitude 1e4, NaN-poisoned outputs (``CC2OPS_DEBUG=1``); labels outside
 ``[0, K)`` raise; ``verify_grad`` runs through the GPU ops in
-``cc2ops.cuda.mode()``.
+``cc2ops.cuda.mode()``. The forward's split rows (``test_forward_split_*``)
+are checked against the float64 reference for forced and automatic chunk
+counts, aligned and misaligned rows and base pointers, reuse of the
+workspace over launches and CUDA-graph replays, and bad labels. CPU tests
+cover the host's choice of chunks and load width.
 """
 
 from __future__ import annotations
@@ -159,8 +163,10 @@ def test_make_node_errors_and_shapes():
 
 
 def test_kernel_names_and_block_sizes():
-    name = softmax_loss_kernel_name("xent_fwd", "float32", False, "int64", 1024)
-    assert name == "softmax_xent_fwd_i64_t1024_f32"
+    name = softmax_loss_kernel_name("xent_fwd", "float32", False, "int64", 256, vec=4)
+    assert name == "softmax_xent_fwd_i64_t256_v4_f32"
+    name = softmax_loss_kernel_name("xent_fwd", "float64", True, "int64", 1024)
+    assert name == "softmax_xent_fwd_soft_t1024_v1_f64"
     name = softmax_loss_kernel_name("xent_grad", "float64", True, "int64", 32)
     assert name == "softmax_xent_grad_soft_t32_f64"
     assert softmax_loss_kernel_name("topk", "float32", False, "uint8", 64) == (
@@ -169,6 +175,70 @@ def test_kernel_names_and_block_sizes():
     assert [block_size(k) for k in (1, 7, 1000, 21841, 10**6)] == [
         32, 32, 256, 1024, 1024
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "b, k, itemsize, want",
+    [
+        (128, 21841, 4, 6),  # the benchmark: 768 blocks, one wave on 132 SMs
+        (128, 21841, 8, 6),
+        (127, 21841, 4, 6),
+        (256, 21841, 4, 3),
+        (1, 21841, 4, 10),  # capped by the 8 KiB smallest chunk
+        (5, 21841, 4, 10),
+        (528, 21841, 4, 1),  # the rows alone give 4 blocks per SM
+        (1024, 21841, 4, 1),
+        (128, 1000, 4, 1),  # a short row is not split
+        (1, 4095, 4, 1),
+        (1, 4096, 4, 2),
+        (0, 21841, 4, 1),
+        (1, 1, 8, 1),
+    ],
+)
+def test_forward_splits_rule(b, k, itemsize, want):
+    assert gsl.forward_splits(b, k, itemsize, 132) == want
+
+
+def test_forward_splits_bounds_over_a_sweep():
+    for sms in (1, 8, 132):
+        for b in (1, 2, 3, 5, 17, 64, 128, 129, 600):
+            for k in (1, 7, 1000, 2048, 4097, 21841, 10**6):
+                for item in (4, 8):
+                    s = gsl.forward_splits(b, k, item, sms)
+                    row = k * item
+                    label = f"b{b} k{k} item{item} sms{sms}: S = {s}"
+                    assert 1 <= s <= max(1, row // 8192), label
+                    if b >= 4 * sms:
+                        assert s == 1, label
+                    elif s > 1:
+                        # enough blocks, unless the row has no more 8 KiB chunks
+                        assert b * s >= 4 * sms or s == row // 8192, label
+
+
+def test_forward_vector_width():
+    vw = gsl.forward_vector_width
+    assert vw(0x1000, None, 4, False) == 4
+    assert vw(0x1004, None, 4, False) == 4  # misaligned rows: scalar head
+    assert vw(0x1002, None, 4, False) == 1  # not even float-aligned
+    assert vw(0x1004, 0x2004, 4, True) == 4
+    assert vw(0x1004, 0x2008, 4, True) == 1  # targets misaligned differently
+    assert vw(0x1008, None, 8, False) == 2
+    assert vw(0x1004, None, 8, False) == 1
+    assert vw(0x1008, 0x2018, 8, True) == 2
+
+
+def test_forward_splits_argument_is_checked():
+    x, y = np.zeros((2, 3), "float32"), np.zeros(2, "int64")
+    f = gsl.softmax_cross_entropy_forward
+    with pytest.raises(ValueError, match=r"GpuSoftmaxCrossEntropy: splits must be in "
+                       r"\[1, 4096\], got 0"):  # fmt: skip
+        f(x, y, splits=0)
+    with pytest.raises(ValueError, match="splits must be in .*got 4097"):
+        f(x, y, splits=4097)
+    with pytest.raises(TypeError, match="splits must be an int or None, got 2.5"):
+        f(x, y, splits=2.5)
+    with pytest.raises(TypeError, match="splits must be an int or None, got True"):
+        f(x, y, splits=True)
 
 
 # --------------------------------------------------------------------------
@@ -369,3 +439,185 @@ def test_softmax_loss_sanitize():
     """Small launches of every kernel kind (compute-sanitizer)."""
     run_case(3, 37, "float32", 2.0)
     run_case(2, 5, "float64", 1.0)
+    # the split forward: vector loads, head and tail, the workspace combine
+    for dtype in ("float32", "float64"):
+        x, y, t = make_case(3, 4097, dtype, 3.0, seed=2)
+        for targets in (y, t):
+            got = forward(to_gpu(x), to_gpu(targets), splits=3)
+            check_forward(got, x, targets, f"sanitize split {dtype}")
+
+
+# --------------------------------------------------------------------------
+# GPU: the forward's split rows
+# --------------------------------------------------------------------------
+
+SPLITS = [1, 2, 3, 7, None]
+
+
+def forward_reference(x, targets):
+    """The float64 reference of the loss of float32 or float64 inputs."""
+    t = targets.astype(np.float64) if targets.dtype.kind == "f" else targets
+    return softmax_cross_entropy_reference(x.astype(np.float64), t)
+
+
+def check_forward(got, x, targets, label):
+    want = forward_reference(x, targets)
+    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
+    assert got.dtype == x.dtype, f"{label}: dtype {got.dtype}"
+    assert np.isfinite(got).all(), f"{label}: non-finite losses (unwritten?) {got}"
+    # relative to the loss, absolute below 1 (a loss near 0 has no relative scale)
+    tol = 1e-5 if x.dtype == np.float32 else 1e-12
+    err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
+    assert err.max() < tol, f"{label}: error {err.max():.3g} at row {err.argmax()}"
+
+
+def forward(x, targets, **kw):
+    return to_host(gsl.softmax_cross_entropy_forward(x, targets, **kw))
+
+
+def offset_view(host, offset):
+    """A C-contiguous GPU view of ``host``'s values starting ``offset`` elements
+    into its buffer (so its base address is misaligned)."""
+    from pycuda.gpuarray import GPUArray
+
+    from cc2ops.cuda import array
+
+    flat = array.empty((host.size + offset,), host.dtype, 0)
+    view = GPUArray(host.shape, host.dtype, allocator=flat.allocator, base=flat,
+                    gpudata=array.ptr(flat) + offset * host.itemsize)  # fmt: skip
+    array._copy_into_contiguous(to_gpu(host), view, 0)
+    return view
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", SPLITS, ids=lambda s: f"S{s or 'auto'}")
+@pytest.mark.parametrize("k", [1, 3, 5, 1000, 1001, 4097, 21841])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_forward_split_matches_the_float64_reference(dtype, k, splits, debug):
+    for b in (1, 5, 128):
+        for scale in (3.0, 1e4) if b == 5 else (3.0,):
+            x, y, t = make_case(b, k, dtype, scale, seed=b + k)
+            gx = to_gpu(x)
+            for targets, kind in ((y, "labels"), (t, "soft")):
+                label = f"b{b} K{k} {dtype} S={splits} scale {scale:g} {kind}"
+                got = forward(gx, to_gpu(targets), splits=splits)
+                check_forward(got, x, targets, label)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, None], ids=lambda s: f"S{s or 'auto'}")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_forward_split_misaligned_base_pointers(dtype, splits, debug):
+    from cc2ops.cuda import array
+
+    x, y, t = make_case(5, 4097, dtype, 3.0, seed=1)
+    item = np.dtype(dtype).itemsize
+    for xo, to in ((1, 1), (1, 0), (0, 1), (3, 3)):
+        gx, gt = offset_view(x, xo), offset_view(t, to)
+        vec = gsl.forward_vector_width(array.ptr(gx), array.ptr(gt), item, True)
+        assert vec == (16 // item if (xo - to) * item % 16 == 0 else 1), (xo, to)
+        label = f"{dtype} S={splits} offsets {xo}, {to}"
+        check_forward(forward(gx, gt, splits=splits), x, t, label + " soft")
+        check_forward(forward(gx, to_gpu(y), splits=splits), x, y, label + " labels")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [3, None], ids=lambda s: f"S{s or 'auto'}")
+def test_forward_split_reuses_its_workspace(splits, debug):
+    from cc2ops.cuda.device import get_device
+
+    dev = get_device(0)
+    split = (splits or gsl.forward_splits(128, 21841, 4, dev.multiprocessors)) > 1
+    seen = set()
+    for seed in range(3):
+        x, y, t = make_case(128, 21841, "float32", 3.0, seed=seed)
+        gx = to_gpu(x)
+        check_forward(forward(gx, to_gpu(y), splits=splits), x, y, f"call {seed}")
+        check_forward(forward(gx, to_gpu(t), splits=splits), x, t, f"soft {seed}")
+        if split:
+            ws = gsl._workspaces[dev.index]
+            assert ws.zeroed
+            seen.add(int(ws.alloc))
+    assert len(seen) == int(split), "the workspace was reallocated for the same sizes"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, None], ids=lambda s: f"S{s or 'auto'}")
+def test_forward_split_bad_labels_raise_and_leave_their_row_nan(splits, debug):
+    x, y, _ = make_case(5, 4097, "float32", 3.0, seed=4)
+    bad = y.copy()
+    bad[2], bad[4] = 4097, -1
+    gx = to_gpu(x)
+    msg = r"labels must be in \[0, K\) = \[0, 4097\), got 4097 at row 2"
+    with pytest.raises(ValueError, match="GpuSoftmaxCrossEntropy: " + msg):
+        gsl.softmax_cross_entropy_forward(gx, to_gpu(bad), splits=splits)
+    got = forward(gx, to_gpu(bad), splits=splits, check=False)
+    assert np.isnan(got[[2, 4]]).all(), got
+    check_forward(got[[0, 1, 3]], x[[0, 1, 3]], y[[0, 1, 3]], "good rows")
+    # the bad rows' counters were reset too: the next launch is right
+    check_forward(forward(gx, to_gpu(y), splits=splits), x, y, "after")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("soft", [False, True])
+def test_forward_split_nan_logits_poison_only_their_row(soft, debug):
+    x, y, t = make_case(4, 4097, "float32", 3.0, seed=5)
+    x[1, 17] = np.nan
+    x[3, 4096] = np.nan
+    targets = t if soft else y
+    got = forward(to_gpu(x), to_gpu(targets), splits=3)
+    assert np.isnan(got[[1, 3]]).all(), got
+    check_forward(got[[0, 2]], x[[0, 2]], targets[[0, 2]], "finite rows")
+
+
+def _drop_workspace():
+    """Forget the device's workspace (kept alive: a graph may still use it), so
+    that the next launch allocates and zeroes a new one."""
+    from cc2ops.cuda.device import get_device
+
+    ws = gsl._workspaces.pop(get_device(0).index, None)
+    if ws is not None:
+        gsl._outgrown.append(ws.alloc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fresh", [False, True], ids=["cached", "allocated-in-capture"])
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("splits", [3, None], ids=lambda s: f"S{s or 'auto'}")
+def test_forward_split_replays_in_a_cuda_graph(splits, soft, fresh):
+    from cc2ops.cuda import array
+    from cc2ops.cuda.graphs import CudaGraph
+
+    b, k = 128, 21841
+    x, y, t = make_case(b, k, "float32", 3.0, seed=0)
+    targets = t if soft else y
+    gx, gt = to_gpu(x), to_gpu(targets)
+    forward(gx, gt, splits=splits)  # compiles the kernel, makes the workspace
+    if fresh:
+        _drop_workspace()
+    graph = CudaGraph(0)
+    loss = graph.capture(
+        lambda: gsl.softmax_cross_entropy_forward(gx, gt, splits=splits)
+    )
+    try:
+        for seed in (1, 2, 3):
+            xn, yn, tn = make_case(b, k, "float32", 3.0 * seed, seed=seed)
+            tgn = tn if soft else yn
+            array._copy_into_contiguous(to_gpu(xn), gx, 0)
+            array._copy_into_contiguous(to_gpu(tgn), gt, 0)
+            graph.replay()
+            check_forward(to_host(loss), xn, tgn, f"replay {seed}")
+        # eager launches share the workspace with the graph
+        check_forward(forward(gx, gt, splits=splits), xn, tgn, "eager after replays")
+        graph.replay()
+        check_forward(to_host(loss), xn, tgn, "replay after eager")
+        if not soft:
+            bad = yn.copy()
+            bad[7] = k
+            array._copy_into_contiguous(to_gpu(bad), gt, 0)
+            with pytest.raises(ValueError, match=f"got {k} at row 7"):
+                graph.replay()
+            got = to_host(loss)
+            assert np.isnan(got[7]), got[7]
+    finally:
+        graph.close()
