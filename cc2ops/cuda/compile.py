@@ -36,11 +36,23 @@ arch and load with ``pycuda.driver.module_from_buffer``, memoised per
 (physical device, family, constants). :func:`launch` activates the device and
 launches on its stream.
 
+Arch-specific kernels
+---------------------
+Some instructions exist only in an arch-specific target (``wgmma`` needs
+``sm_90a``, which runs on compute capability 9.0 and nowhere else). A family
+whose constants select such instructions registers a rule with
+:func:`register_arch_suffix`; :func:`kernel_arch` turns the device's arch
+into the target a kernel compiles for (``sm_90`` -> ``sm_90a``), and
+:func:`get_module`, :func:`precompile` and the compile test all go through
+it. The constants decide the target, so every key that covers the constants
+covers it too (and the disk cache's key has the arch itself).
+
 Variants
 --------
 GPU op modules register representative specialisations of their templates
 with :func:`register_variants`; the CPU test suite renders and compiles every
-one for ``sm_90``, so template errors show up without a GPU.
+one for ``sm_90`` (or the arch-specific target :func:`kernel_arch` names), so
+template errors show up without a GPU.
 """
 
 from __future__ import annotations
@@ -70,6 +82,8 @@ __all__ = [
     "render",
     "kernel_name",
     "register_namer",
+    "register_arch_suffix",
+    "kernel_arch",
     "compile_cubin",
     "find_nvcc",
     "nvcc_version",
@@ -102,6 +116,7 @@ _CACHE_FORMAT = 1
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARCH = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+_ARCH_SUFFIX = re.compile(r"^[a-z]?$")
 
 
 class KernelCompileError(RuntimeError):
@@ -220,6 +235,53 @@ def register_namer(family: str) -> Callable[[Callable[..., str]], Callable[..., 
         return fn
 
     return decorate
+
+
+_arch_suffixes: dict[str, Callable[..., str]] = {}
+
+
+def register_arch_suffix(
+    family: str,
+) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Decorator: ``rule(**consts) -> str`` is the arch suffix ``family``'s
+    kernel with ``consts`` needs: ``""`` (portable) or a letter (``"a"``: the
+    arch-specific target, e.g. ``sm_90a`` for ``wgmma``). See :func:`kernel_arch`."""
+
+    def decorate(fn: Callable[..., str]) -> Callable[..., str]:
+        _arch_suffixes[family] = fn
+        return fn
+
+    return decorate
+
+
+def kernel_arch(family: str, arch: str, /, **consts: Any) -> str:
+    """The target a kernel of ``family`` with ``consts`` compiles for on ``arch``.
+
+    ``arch`` is a device's (or a cache's) ``sm_XY``; the family's rule (see
+    :func:`register_arch_suffix`) may ask for an arch-specific variant, which
+    replaces any suffix ``arch`` has: ``kernel_arch("conv_igemm", "sm_90",
+    WGMMA=1, ...) == "sm_90a"``. Families without a rule compile for ``arch``.
+
+    Raises
+    ------
+    ValueError
+        ``arch`` is not ``sm_XY[a-z]``, or the rule returned something other
+        than ``""`` or one lowercase letter.
+    """
+    if not isinstance(arch, str) or not _ARCH.match(arch):
+        raise ValueError(f"kernel_arch: arch must look like 'sm_90', got {arch!r}")
+    rule = _arch_suffixes.get(family)
+    if rule is None:
+        return arch
+    suffix = rule(**consts)
+    if not isinstance(suffix, str) or not _ARCH_SUFFIX.match(suffix):
+        raise ValueError(
+            f"kernel_arch({family}): the arch rule must return '' or one lowercase "
+            f"letter, got {suffix!r}"
+        )
+    if not suffix:
+        return arch
+    return arch.rstrip("abcdefghijklmnopqrstuvwxyz") + suffix
 
 
 def _fmt_const(value: Any) -> str:
@@ -470,10 +532,17 @@ def precompile(
     if not unique:
         return 0
     before = compile_stats()["nvcc_runs"]
-    sources = [(render(s.family, **s.consts), s.options) for s in unique.values()]
+    sources = [
+        (
+            render(s.family, **s.consts),
+            kernel_arch(s.family, arch, **s.consts),
+            s.options,
+        )
+        for s in unique.values()
+    ]
     workers = max(1, min(jobs or min(16, os.cpu_count() or 1), len(sources)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda so: compile_cubin(so[0], arch, so[1]), sources))
+        list(pool.map(lambda src: compile_cubin(*src), sources))
     return compile_stats()["nvcc_runs"] - before
 
 
@@ -520,9 +589,10 @@ def get_module(
 ) -> Any:
     """The pycuda ``Module`` of ``family`` rendered with ``consts``, for ``device``.
 
-    Compiled for the device's own arch, loaded once per physical device (the
-    context) and constants. ``options`` are extra nvcc flags (not a template
-    constant).
+    Compiled for the device's own arch (or the arch-specific target the
+    family's rule asks for, see :func:`kernel_arch`), loaded once per physical
+    device (the context) and constants. ``options`` are extra nvcc flags (not a
+    template constant).
     """
     global _hook_registered
     from cc2ops.cuda.device import get_device, register_shutdown_hook
@@ -538,7 +608,8 @@ def get_module(
         mod = _modules.get(key)
         if mod is not None:
             return mod
-        cubin = compile_cubin(render(family, **consts), dev.arch, tuple(options))
+        arch = kernel_arch(family, dev.arch, **consts)
+        cubin = compile_cubin(render(family, **consts), arch, tuple(options))
         dev.activate()
         mod = driver().module_from_buffer(cubin)
         _modules[key] = mod
@@ -753,7 +824,8 @@ def register_variants(
 ) -> Callable[[Callable[[], list[dict[str, Any]]]], Callable[[], list[dict[str, Any]]]]:
     """Decorator for ``fn() -> list of consts dicts``: ``family``'s variants.
 
-    Every variant is rendered and compiled (``sm_90``) by the CPU test suite.
+    Every variant is rendered and compiled (``sm_90``, or the target
+    :func:`kernel_arch` names for it) by the CPU test suite.
     """
 
     def decorate(

@@ -150,7 +150,8 @@ CHUNK_BUDGETS_MIB = (8, 32, 128)
 DEFAULT_ALGORITHM = "im2col_knp_32m"
 #: Bumped whenever an algorithm or the way candidates are timed changes (part
 #: of the autotuner's key). 2: tap-major tiles; candidates ranked by device time.
-ALGORITHMS_VERSION = 2
+#: 3: wgmma tiles (sm_90a) on devices of compute capability 9.0.
+ALGORITHMS_VERSION = 3
 
 
 # --------------------------------------------------------------------------
@@ -700,6 +701,7 @@ class Igemm:
             return f"igemm_{c}"
         bm, bn, bk, wm, wn, st = fields
         tm = "_tm" if getattr(c, "tapmajor", False) else ""
+        tm += "_wgmma" if getattr(c, "wgmma", False) else ""
         return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}{tm}"
 
     def applies(self, op: str, g: ConvGeometry, dtype: Any, precision: str) -> bool:
@@ -758,17 +760,26 @@ _IM2COL = tuple(Im2colGemm("knp", m) for m in CHUNK_BUDGETS_MIB) + (
 )
 
 
-def _candidates(op: str, g: ConvGeometry, dtype: Any, precision: str) -> list[Any]:
-    """The applicable algorithms of ``op``, the default first."""
+def _candidates(
+    op: str, g: ConvGeometry, dtype: Any, precision: str, device: int | None = None
+) -> list[Any]:
+    """The applicable algorithms of ``op``, the default first. With a
+    ``device``, also the tiles only its compute capability runs (wgmma on
+    9.0); without one, only the portable candidates."""
     out = [a for a in _IM2COL if a.applies(op, g, dtype, precision)]
     out.sort(key=lambda a: a.name != DEFAULT_ALGORITHM)
     mod = _conv_igemm()
     if mod is not None and Igemm().applies(op, g, dtype, precision):
+        capability = None
+        if device is not None:
+            from cc2ops.cuda.device import get_device
+
+            capability = tuple(get_device(device).compute_capability)
         configs: list[Any] = [None]
         variants = getattr(mod, "variants", None)
         if variants is not None:
             try:
-                configs = list(variants(op, g, precision)) or [None]
+                configs = list(variants(op, g, precision, capability)) or [None]
             except Exception:  # a broken candidate must not break convolution
                 configs = [None]
         out.extend(Igemm(c) for c in configs)
@@ -776,28 +787,42 @@ def _candidates(op: str, g: ConvGeometry, dtype: Any, precision: str) -> list[An
 
 
 def kernel_specs(
-    op: str, g: ConvGeometry, dtype: Any, precision: str | None = None
+    op: str,
+    g: ConvGeometry,
+    dtype: Any,
+    precision: str | None = None,
+    device: int | None = None,
 ) -> list[KernelSpec]:
     """Every kernel the applicable algorithms of ``op`` on ``g`` may launch
-    (for :func:`cc2ops.cuda.compile.precompile`)."""
+    (for :func:`cc2ops.cuda.compile.precompile`); ``device`` adds those of
+    the candidates only its compute capability runs (see
+    :func:`algorithm_names`)."""
     if op not in _OPS:
         raise ValueError(f"conv: op must be one of {_OPS}, got {op!r}")
     prec = resolve_precision(dtype, precision)
     specs: list[KernelSpec] = []
-    for alg in _candidates(op, g, dtype, prec):
+    for alg in _candidates(op, g, dtype, prec, device):
         specs.extend(alg.kernel_specs(op, g, dtype, prec))
     return specs
 
 
 def algorithm_names(
-    op: str, g: ConvGeometry, dtype: Any, precision: str | None = None
+    op: str,
+    g: ConvGeometry,
+    dtype: Any,
+    precision: str | None = None,
+    device: int | None = None,
 ) -> list[str]:
     """Names of the algorithms that apply to ``op`` (``"filter_acts"``,
-    ``"image_acts"``, ``"weight_acts"``) on ``g``, the default first."""
+    ``"image_acts"``, ``"weight_acts"``) on ``g``, the default first.
+
+    ``device``: include the candidates only that device's compute capability
+    runs (the ``wgmma`` tiles on 9.0), as the passes on it do; ``None``
+    (no CUDA touched): the portable candidates only."""
     if op not in _OPS:
         raise ValueError(f"conv: op must be one of {_OPS}, got {op!r}")
     prec = resolve_precision(dtype, precision)
-    return [a.name for a in _candidates(op, g, dtype, prec)]
+    return [a.name for a in _candidates(op, g, dtype, prec, device)]
 
 
 def chosen_algorithm(
@@ -808,7 +833,7 @@ def chosen_algorithm(
     from cc2ops.cuda.autotune import autotune_enabled
 
     prec = resolve_precision(dtype, precision)
-    cands = _candidates(op, g, dtype, prec)
+    cands = _candidates(op, g, dtype, prec, device)
     if len(cands) == 1 or not autotune_enabled():
         return cands[0].name
     names = [a.name for a in cands]
@@ -876,7 +901,7 @@ def _choose(
                            algorithm)  # fmt: skip
     decided = algorithm is not None or not autotune_enabled()
     if not decided:
-        names = [a.name for a in _candidates(op, g, dtype, precision)]
+        names = [a.name for a in _candidates(op, g, dtype, precision, device)]
         key = _tune_key(op, g, dtype, precision, device, names)
         decided = len(names) == 1 or tuner.cached(key) is not None
     if decided:  # for good (not the fallback of a tuning that decided nothing)
@@ -896,7 +921,7 @@ def _choose_uncached(
 ) -> Any:
     from cc2ops.cuda import array
 
-    cands = _candidates(op, g, dtype, precision)
+    cands = _candidates(op, g, dtype, precision, device)
     by_name = {a.name: a for a in cands}
     if algorithm is not None:
         if algorithm not in by_name:

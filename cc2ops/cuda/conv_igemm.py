@@ -56,6 +56,24 @@ with ``K % 4 == 0``, ``weight_acts`` with ``Ho*Wo % 4 == 0``, and A's
 pointer 16-byte aligned), else 4-byte copies; ``stage_c`` writes C through
 shared memory so that each warp store covers 32 consecutive n of one row.
 
+Hopper warpgroup MMA
+--------------------
+The tiles of :data:`WGMMA_TILES` (``TileConfig.wgmma``; tap-major
+``filter_acts`` and ``image_acts``, TF32) replace ``mma.sync`` by
+``wgmma.mma_async.m64nNk8.f32.tf32.tf32``: each warpgroup of 128 threads
+multiplies 64 rows of the tile by all its columns with both operands read by
+the tensor cores straight from shared memory, K-major in the 128-byte
+swizzle, through matrix descriptors (see "wgmma" in the .cu). They compile
+for ``sm_90a`` (:func:`cc2ops.cuda.compile.kernel_arch`) and are offered
+only on devices of compute capability 9.0 (:func:`variants`'
+``capability``). The tensor cores truncate fp32 operands to TF32, so the
+weights are rounded once when they are permuted and the activations are
+truncated: relative error about 1e-3, as the other TF32 tiles. The layout,
+the descriptors, the copy maps and the accumulator map are specified here
+(:func:`wgmma_smem_offset`, :func:`gmma_descriptor`, :func:`gmma_address`,
+:func:`wgmma_load_map`, :func:`wgmma_accumulator_map`) and
+:func:`emulate_wgmma_block` multiplies a tile through them.
+
 Interface
 ---------
 The conv GPU ops (``cc2ops.cuda.conv``) call :func:`supports`,
@@ -77,7 +95,8 @@ Notes
 - Every tensor, and the split-K workspace, must have fewer than 2^31
   elements (the kernels index in 32 bits): :func:`supports` says no otherwise.
 - Needs a device of compute capability 8.0 or later (TF32 ``mma.sync``,
-  ``cp.async``); the run functions raise ``ValueError`` on older devices.
+  ``cp.async``); the run functions raise ``ValueError`` on older devices,
+  and for a ``wgmma`` tile on any device but compute capability 9.0.
 - One kernel is compiled per (pass, filter size, stride, padding, tile,
   precision, copy width, epilogue); image and batch sizes, channels and
   groups are run-time values.
@@ -94,6 +113,7 @@ import numpy as np
 from cc2ops.cuda.compile import (
     KernelSpec,
     kernel_cache,
+    register_arch_suffix,
     register_namer,
     register_variants,
 )
@@ -105,6 +125,8 @@ __all__ = [
     "TileConfig",
     "TILES",
     "TAP_TILES",
+    "WGMMA_TILES",
+    "WGMMA_CAPABILITY",
     "tap_channels",
     "tapmajor_ok",
     "permuted_weights",
@@ -122,6 +144,12 @@ __all__ = [
     "epilogue_map",
     "a_vector_width",
     "emulate_epilogue",
+    "wgmma_smem_offset",
+    "gmma_descriptor",
+    "gmma_address",
+    "wgmma_load_map",
+    "wgmma_accumulator_map",
+    "emulate_wgmma_block",
     "plan",
     "supports",
     "kernel_spec",
@@ -141,6 +169,11 @@ _SPLIT = {"tf32": 1, "fp32": 3}
 _INDEX_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535
 _REDUCE_BLOCK = 256
+#: The compute capability of the devices that run the ``wgmma`` tiles (their
+#: cubins are ``sm_90a``, which runs on 9.0 only).
+WGMMA_CAPABILITY = (9, 0)
+#: Bytes of a K-major wgmma operand row: bk = 32 floats, the 128-byte swizzle.
+_SW128_ROW = 128
 
 
 @dataclass(frozen=True)
@@ -163,6 +196,13 @@ class TileConfig:
     weights permuted to match first, so that a ``bk``-deep slice of K is one
     tap and B's copies need no per-element index arithmetic; applies when
     ``bk`` divides the channels (filters) per group (:func:`tapmajor_ok`).
+
+    ``wgmma`` (tap-major, TF32, compute capability 9.0): the Hopper
+    warpgroup MMA kernel. ``bm/64`` warpgroups each multiply 64 rows by all
+    ``bn`` columns, so ``wm = bm/16`` and ``wn = 1`` (a warp's accumulators
+    are 16 rows of the tile, as a ``16 x bn`` warp tile of ``mma.sync``);
+    ``bk = 32`` (a 128-byte operand row), ``stages >= 3`` (the ring runs
+    ``stages - 2`` tiles ahead and one wgmma group stays in flight).
     """
 
     bm: int
@@ -174,6 +214,7 @@ class TileConfig:
     vec: bool = True
     stage_c: bool = True
     tapmajor: bool = False
+    wgmma: bool = False
 
     @property
     def threads(self) -> int:
@@ -182,7 +223,7 @@ class TileConfig:
     def valid(self) -> bool:
         """The constraints the template asserts (load maps, warp tiling)."""
         t = self.threads
-        return (
+        ok = (
             self.bm % (16 * self.wm) == 0
             and self.bn % (8 * self.wn) == 0
             and self.bk % 8 == 0
@@ -191,6 +232,20 @@ class TileConfig:
             and (self.bn * self.bk) % t == 0
             and t % self.bn == 0
             and self.stages >= 2
+        )
+        if not self.wgmma:
+            return ok
+        return (
+            ok
+            and self.tapmajor
+            and self.vec
+            and self.bk == 32
+            and self.wn == 1
+            and self.bm % 64 == 0
+            and self.wm * 16 == self.bm
+            and t // self.bn in (1, 2, 4)
+            and self.bn <= 256
+            and self.stages >= 3
         )
 
     @property
@@ -211,7 +266,10 @@ class TileConfig:
         return (self.threads // 32) * 16 * (self.warp_tile[1] + 8)
 
     def smem_floats(self, op: str) -> tuple[int, int]:
-        """Floats of one stage of A and of B (row strides padded, see the .cu)."""
+        """Floats of one stage of A and of B (row strides padded, see the .cu;
+        ``wgmma``: unpadded K-major rows, swizzled)."""
+        if self.wgmma:
+            return self.bm * self.bk, self.bn * self.bk
         a = self.bm * (self.bk + 8)
         if op == "weight_acts":
             b = self.bn * (self.bk + 8)
@@ -221,10 +279,11 @@ class TileConfig:
 
     def shared_bytes(self, op: str) -> int:
         """Dynamic shared memory: the stages and wgrad's tap table (int4/column);
-        the epilogue's staging buffers reuse it (and enlarge it if they need to)."""
+        the epilogue's staging buffers reuse it (and enlarge it if they need to).
+        ``wgmma`` stages start at a 1024-byte boundary: 1024 bytes of slack."""
         a, b = self.smem_floats(op)
         table = 16 * self.bn if op == "weight_acts" else 0
-        pipeline = 4 * self.stages * (a + b) + table
+        pipeline = 4 * self.stages * (a + b) + table + (1024 if self.wgmma else 0)
         if self.stage_c and self.can_stage_c():
             return max(pipeline, 4 * self.stage_c_floats())
         return pipeline
@@ -233,6 +292,7 @@ class TileConfig:
     def label(self) -> str:
         flags = ("" if self.vec else "_a4") + ("" if self.stage_c else "_cdirect")
         flags += "_tm" if self.tapmajor else ""
+        flags += "_wgmma" if self.wgmma else ""
         return (
             f"bm{self.bm}_bn{self.bn}_bk{self.bk}_w{self.wm}x{self.wn}_st{self.stages}"
             + flags
@@ -257,6 +317,20 @@ TAP_TILES = (
     TileConfig(64, 128, 16, 2, 2, tapmajor=True),
     TileConfig(64, 64, 32, 2, 2, tapmajor=True),
     TileConfig(32, 128, 32, 1, 4, tapmajor=True),  # small M (conv1's dgrad: 3)
+)
+
+
+def _wg(bm: int, bn: int, stages: int) -> TileConfig:
+    return TileConfig(bm, bn, 32, bm // 16, 1, stages, tapmajor=True, wgmma=True)
+
+
+#: Hopper warpgroup-MMA tiles (``wgmma``), offered beside :data:`TAP_TILES`
+#: for TF32 where :func:`tapmajor_ok`, on compute capability 9.0 only.
+WGMMA_TILES = (
+    _wg(128, 128, 4),  # 2 warpgroups, 129 KiB: one block per SM
+    _wg(128, 256, 4),  # 2 warpgroups of 64 x 256, 193 KiB
+    _wg(128, 128, 3),  # 97 KiB: two blocks per SM
+    _wg(64, 128, 4),  # 1 warpgroup, M = 64; 97 KiB: two blocks per SM
 )
 
 
@@ -792,6 +866,190 @@ def emulate_epilogue(config: TileConfig, c_tile: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
+# wgmma: shared-memory layout, matrix descriptors, copy and accumulator maps
+# --------------------------------------------------------------------------
+
+
+def wgmma_smem_offset(row: Any, k: Any) -> np.ndarray:
+    """Byte offset of element ``(row, k)`` in a K-major wgmma operand tile.
+
+    Rows of ``bk = 32`` floats, 128 bytes, one after the other; within a row
+    the 16-byte chunk ``k // 4`` sits at chunk position ``(k // 4) ^ (row %
+    8)`` (the 128-byte swizzle). Where the copies write (the kernel's
+    ``sw128_offset``); the tile starts 1024-byte aligned.
+    """
+    row, k = np.broadcast_arrays(np.asarray(row, np.int64), np.asarray(k, np.int64))
+    return row * _SW128_ROW + ((((k >> 2) ^ row) & 7) << 4) + (k & 3) * 4
+
+
+def gmma_descriptor(
+    address: int, lbo: int = 16, sbo: int = 1024, layout: int = 1, base_offset: int = 0
+) -> int:
+    """The 64-bit wgmma shared-memory matrix descriptor.
+
+    PTX ISA, "Matrix Descriptor Format": bits 0-13 the start address, 16-29
+    the leading-dimension byte offset, 32-45 the stride-dimension byte offset
+    (each in 16-byte units, the byte value >> 4; the address modulo 2^18, as
+    ``(addr & 0x3FFFF) >> 4``), 49-51 the base offset, 62-63 the layout type
+    (0: no swizzle, 1: 128-byte, 2: 64-byte, 3: 32-byte swizzle). The
+    defaults are the kernel's ``gmma_desc_sw128``: 128-byte swizzle, 1024
+    bytes from one 8-row group to the next, the leading offset unused (16
+    bytes, as CUTLASS sets it).
+    """
+    for what, v in (("lbo", lbo), ("sbo", sbo)):
+        if v % 16 or not 0 <= v >> 4 < 1 << 14:
+            raise ValueError(f"gmma_descriptor: {what} must be 16*[0, 2^14), got {v}")
+    if not (0 <= layout < 4 and 0 <= base_offset < 8 and address % 16 == 0):
+        raise ValueError(
+            f"gmma_descriptor: layout {layout}, base offset {base_offset} or "
+            f"address {address} out of range (address 16-byte aligned)"
+        )
+    return (
+        ((int(address) & 0x3FFFF) >> 4)
+        | ((lbo >> 4) << 16)
+        | ((sbo >> 4) << 32)
+        | (base_offset << 49)
+        | (layout << 62)
+    )
+
+
+def gmma_address(desc: int, row: Any, k: Any) -> np.ndarray:
+    """Byte address at which the tensor cores read element ``(row, k)`` of a
+    K-major tf32 operand through descriptor ``desc``, ``k < 8`` (one step).
+
+    Decodes :func:`gmma_descriptor`'s fields and applies the canonical K-major
+    layouts (PTX ISA "Shared Memory Matrix Layout"; CUTLASS's
+    ``make_gmma_desc<Major::K>``), in units of T = 4 tf32 (16 bytes): no
+    swizzle ``((8,m),(T,2)):((1T,SBO),(1,LBO))``, core matrices of 8 rows of
+    16 bytes, the next 8 rows SBO and the second 4 k LBO bytes further;
+    128-byte swizzle ``((8,m),(T,2)):((8T,SBO),(1,T))``, rows 128 bytes
+    apart with their 8 k contiguous, the next 8 rows SBO bytes further, then
+    the swizzle on the address formed: bits 4-6 XOR bits 7-9. Base offset 0
+    only (8-row atoms 1024-byte aligned).
+    """
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    base, layout = (desc >> 49) & 7, (desc >> 62) & 3
+    row, k = np.broadcast_arrays(np.asarray(row, np.int64), np.asarray(k, np.int64))
+    if base or layout not in (0, 1):
+        raise ValueError("gmma_address: base offset 0 and layouts 0, 1 only")
+    if (k < 0).any() or (k >= 8).any() or (row < 0).any():
+        raise ValueError("gmma_address: k must be in [0, 8) and rows >= 0")
+    if layout == 0:
+        return start + (row % 8) * 16 + (row // 8) * sbo + (k % 4) * 4 + (k // 4) * lbo
+    addr = start + (row % 8) * 128 + (row // 8) * sbo + k * 4
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def wgmma_load_map(config: TileConfig, operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row, k) of every element each thread copies: arrays (threads, copies).
+
+    The kernel's ``wgmma_a_row``/``wgmma_a_k`` and ``wgmma_b_col``/``wgmma_b_k``.
+    A (rows m): 16-byte vector e of thread t is row ``t // 8 + e*threads/8``,
+    k ``4*(t % 8) + i`` (element ``4e + i``). B (rows n): every copy of
+    thread t is column ``t % 8 + 8*(t // (8*tpn))``, ``tpn = threads/bn``;
+    copy ``(c, s)`` (element ``c*(4/tpn) + s``) is k ``4c + ((t // 8 +
+    tpn*s) % 4)``.
+    """
+    t = config.threads
+    tid = np.arange(t)[:, None, None]
+    if operand == "A":
+        e = np.arange(config.bm * 8 // t)[None, :, None]
+        i = np.arange(4)[None, None, :]
+        r, k = np.broadcast_arrays(tid // 8 + e * (t // 8), 4 * (tid % 8) + i)
+    elif operand == "B":
+        tpn = t // config.bn
+        c = np.arange(config.bk // 4)[None, :, None]
+        s = np.arange(4 // tpn)[None, None, :]
+        r, k = np.broadcast_arrays(
+            tid % 8 + 8 * (tid // (8 * tpn)), 4 * c + ((tid // 8 + tpn * s) & 3)
+        )
+    else:
+        raise ValueError(f"conv_igemm.wgmma_load_map: operand A or B, got {operand!r}")
+    return r.reshape(t, -1), k.reshape(t, -1)
+
+
+def wgmma_accumulator_map(lane: int, warp: int, bn: int) -> np.ndarray:
+    """(row, column) in its warpgroup's 64 x ``bn`` tile of accumulator
+    ``d[i][q]`` of lane ``lane`` of warp ``warp`` (0-3 within the warpgroup):
+    ``(16*warp + lane//4 + 8*(q//2), 8*i + 2*(lane % 4) + q % 2)`` (PTX ISA,
+    the wgmma ``.m64nNk8`` D fragment). Shape ``(bn/8, 4, 2)``."""
+    i = np.arange(bn // 8)[:, None]
+    q = np.arange(4)[None, :]
+    row = 16 * warp + lane // 4 + 8 * (q >> 1)
+    col = 8 * i + 2 * (lane % 4) + (q & 1)
+    return np.stack(np.broadcast_arrays(row, col), axis=-1)
+
+
+def emulate_wgmma_block(
+    config: TileConfig,
+    a_tile: np.ndarray,
+    b_tile: np.ndarray,
+    base: int = 0,
+    stage: int | None = None,
+) -> np.ndarray:
+    """One block's product of one stage through the wgmma kernel's data path.
+
+    ``a_tile`` (bm, 32) and ``b_tile`` (32, bn) are copied into a model of
+    the dynamic shared memory starting at byte ``base`` (the stages from the
+    first 1024-byte boundary, ``stage`` default the last) as
+    :func:`wgmma_load_map` and :func:`wgmma_smem_offset` say; each
+    warpgroup's k8 steps read them back through the descriptors the kernel
+    builds (:func:`gmma_descriptor`, :func:`gmma_address`) and multiply; the
+    accumulators (:func:`wgmma_accumulator_map`) go to C as the epilogue
+    stores them (:func:`fragment_map`'s ``c_mn``). Returns C (bm, bn). Raises
+    if a copy or a read leaves its operand's stage, two copies collide, or a
+    read finds no copied element.
+    """
+    if not (config.wgmma and config.valid()):
+        raise ValueError(f"conv_igemm: {config} is not a valid wgmma tile")
+    a_floats, b_floats = config.smem_floats("filter_acts")
+    a_bytes, b_bytes = 4 * a_floats, 4 * b_floats
+    stage = config.stages - 1 if stage is None else stage
+    smem0 = (base + 1023) & ~1023
+    a_st = smem0 + stage * (a_bytes + b_bytes)
+    b_st = a_st + a_bytes
+    if b_st + b_bytes > base + config.shared_bytes("filter_acts"):
+        raise AssertionError("conv_igemm: a wgmma stage past the shared memory")
+    smem = np.full((base + config.shared_bytes("filter_acts")) // 4, np.nan)
+    for operand, start, size in (("A", a_st, a_bytes), ("B", b_st, b_bytes)):
+        r, k = wgmma_load_map(config, operand)
+        addr = start + wgmma_smem_offset(r, k)
+        if addr.min() < start or addr.max() + 4 > start + size:
+            raise AssertionError(
+                f"conv_igemm: a wgmma copy of {operand} leaves its stage"
+            )
+        if len(np.unique(addr)) != addr.size or addr.size * 4 != size:
+            raise AssertionError(f"conv_igemm: wgmma copies of {operand} collide")
+        smem[addr // 4] = a_tile[r, k] if operand == "A" else b_tile[k, r]
+    out = np.full((config.bm, config.bn), np.nan)
+    j = np.arange(8)[None, :]
+    for wg in range(config.threads // 128):
+        d = np.zeros((64, config.bn))
+        for kk in range(config.bk // 8):
+            reads = []
+            a_wg = a_st + wg * 64 * _SW128_ROW  # this warpgroup's 64 rows of A
+            for start, rows in ((a_wg, 64), (b_st, config.bn)):
+                addr = gmma_address(
+                    gmma_descriptor(start + kk * 32), np.arange(rows)[:, None], j
+                )
+                if addr.min() < start or addr.max() + 4 > start + rows * _SW128_ROW:
+                    raise AssertionError("conv_igemm: a wgmma read leaves its operand")
+                reads.append(smem[addr // 4])
+                if np.isnan(reads[-1]).any():
+                    raise AssertionError("conv_igemm: a wgmma read finds no copy")
+            d += reads[0] @ reads[1].T
+        for warp in range(4):
+            for lane in range(32):
+                acc = wgmma_accumulator_map(lane, warp, config.bn)
+                cmn = fragment_map(config, "filter_acts", (lane, 4 * wg + warp))
+                cmn = cmn["c_mn"][0]
+                out[cmn[..., 0], cmn[..., 1]] = d[acc[..., 0], acc[..., 1]]
+    return out
+
+
+# --------------------------------------------------------------------------
 # planning
 # --------------------------------------------------------------------------
 
@@ -830,6 +1088,11 @@ def _consts(
         )
     vec_ok = config.vec and config.can_vec() and aligned
     avec = a_vector_width(op, g, tm) if vec_ok else 1
+    if config.wgmma and (precision != "tf32" or avec != 4):
+        raise ValueError(
+            f"conv_igemm: wgmma tile {config.label} runs TF32 with 16-byte A copies "
+            f"only, not precision {precision!r} with {4 * avec}-byte copies"
+        )
     consts = dict(
         op=_TAG[op] + ("tm" if tm else ""),
         KH=d["KH"],
@@ -847,6 +1110,7 @@ def _consts(
         SPLIT=_SPLIT[precision],
         AVEC=avec,
         STAGE_C=int(config.stage_c and config.can_stage_c()),
+        WGMMA=int(config.wgmma),
     )
     consts["name"] = _kernel_name(**consts)
     return consts
@@ -856,11 +1120,18 @@ def _consts(
 def _kernel_name(op: str, **c: Any) -> str:
     prec = "3xtf32" if c["SPLIT"] == 3 else "tf32"
     flags = ("_av4" if c["AVEC"] == 4 else "") + ("_cst" if c["STAGE_C"] else "")
+    flags += "_wgmma" if c.get("WGMMA") else ""
     return (
         f"conv_igemm_{op}_k{c['KH']}x{c['KW']}_s{c['SH']}x{c['SW']}"
         f"_p{c['PH']}x{c['PW']}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}"
         f"_w{c['WM']}x{c['WN']}_st{c['STAGES']}{flags}_{prec}"
     )
+
+
+@register_arch_suffix("conv_igemm")
+def _arch_suffix(**c: Any) -> str:
+    """wgmma exists in the arch-specific target only: ``sm_90a``."""
+    return "a" if c.get("WGMMA") else ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -1019,28 +1290,37 @@ def supports(op: str, geometry: ConvGeometry, dtype: Any, precision: str) -> boo
     shapes = (*_in_shapes(op, geometry), _out_shape(op, geometry))
     sizes = [math.prod(s) for s in shapes]
     big_m, big_n, big_k = gemm_shape(op, geometry)
-    pad = max(max(t.bm, t.bn, t.bk) for t in TILES)
+    pad = max(max(t.bm, t.bn, t.bk) for t in TILES + TAP_TILES + WGMMA_TILES)
     if max(sizes) > _INDEX_LIMIT or max(big_n, big_k) + pad > _INDEX_LIMIT:
         return False
     return -(-big_m // min(t.bm for t in TILES)) <= _GRID_YZ_LIMIT
 
 
-def variants(op: str, geometry: ConvGeometry, precision: str) -> list[TileConfig]:
+def variants(
+    op: str,
+    geometry: ConvGeometry,
+    precision: str,
+    capability: tuple[int, int] | None = None,
+) -> list[TileConfig]:
     """Tile shapes worth timing for ``op`` on ``geometry`` (pass one as ``config``).
 
     Drops tiles whose M is more than twice the GEMM's M (mostly idle rows).
     Each has the default data paths (``vec`` and ``stage_c`` on); tiles that
     differ only in those are distinguished by ``TileConfig.label``. The
-    tap-major tiles of :data:`TAP_TILES` come last, where they apply.
+    tap-major tiles of :data:`TAP_TILES` come next, where they apply, and
+    last the ``wgmma`` tiles of :data:`WGMMA_TILES`, for TF32 and only when
+    ``capability`` (the device's compute capability; None: unknown) is
+    :data:`WGMMA_CAPABILITY`.
     """
     if not supports(op, geometry, np.float32, precision):
         return []
     big_m, _, _ = gemm_shape(op, geometry)
     out = [t for t in TILES if t.bm <= max(32, 2 * big_m)] or [TILES[-1]]
+    tap = TAP_TILES
+    if capability is not None and tuple(capability) == WGMMA_CAPABILITY:
+        tap += WGMMA_TILES if precision == "tf32" else ()
     out += [
-        t
-        for t in TAP_TILES
-        if t.bm <= max(32, 2 * big_m) and tapmajor_ok(op, geometry, t)
+        t for t in tap if t.bm <= max(32, 2 * big_m) and tapmajor_ok(op, geometry, t)
     ]
     return out
 
@@ -1105,6 +1385,12 @@ def _recipe(
             f"conv_igemm.{op}: needs compute capability 8.0 or later (TF32 mma.sync, "
             f"cp.async), device {device} has {dev.compute_capability}"
         )
+    if config is not None and config.wgmma:
+        if tuple(dev.compute_capability) != WGMMA_CAPABILITY:
+            raise ValueError(
+                f"conv_igemm.{op}: wgmma tile {config.label} needs compute capability "
+                f"9.0 (sm_90a), device {device} has {dev.compute_capability}"
+            )
     p = plan(op, g, precision, config, dev.multiprocessors, splits, aligned)
     d = _dims(g)
     (m1, s1), (m2, s2) = (fastdiv_magic(v) for v in p.divisors)
@@ -1293,4 +1579,9 @@ def _variants() -> list[dict[str, Any]]:
         _consts("filter_acts", conv2, TAP_TILES[2], "fp32"),
         _consts("image_acts", conv3, TAP_TILES[1], "fp32"),
         _consts("image_acts", conv1, TAP_TILES[5], "tf32"),
+        # wgmma (sm_90a): every tile shape; both epilogues; both passes
+        _consts("filter_acts", conv3, WGMMA_TILES[0], "tf32"),
+        _consts("image_acts", conv3, WGMMA_TILES[1], "tf32"),
+        _consts("filter_acts", conv2, WGMMA_TILES[2], "tf32"),
+        _consts("image_acts", conv2, replace(WGMMA_TILES[3], stage_c=False), "tf32"),
     ]

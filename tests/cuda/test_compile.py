@@ -1,6 +1,7 @@
 """Kernel templates and the nvcc cubin cache (CPU: needs nvcc, not a GPU).
 
-Every registered kernel variant is rendered and compiled for sm_90. Skipped
+Every registered kernel variant is rendered and compiled for sm_90, or for
+the arch-specific target its family's rule names (sm_90a for wgmma). Skipped
 only where nvcc is absent (a documented limit: without the toolkit there is
 nothing to compile with). ``CC2OPS_CACHE_DIR`` points at a temporary
 directory in every test.
@@ -28,7 +29,10 @@ from cc2ops.cuda.compile import (
     compile_cubin,
     compile_stats,
     find_nvcc,
+    kernel_arch,
     kernel_name,
+    precompile,
+    register_arch_suffix,
     register_variants,
     render,
 )
@@ -80,6 +84,8 @@ def test_every_registered_variant_renders_and_compiles(cache):
     variants = list(all_variants())
     families = {f for f, _ in variants}
     assert {"copy", "fill"} <= families, families
+    # the arch-specific variants are among them (conv_igemm's wgmma tiles)
+    assert any(kernel_arch(f, ARCH, **c) == "sm_90a" for f, c in variants)
 
     def build(item):
         family, consts = item
@@ -89,7 +95,7 @@ def test_every_registered_variant_renders_and_compiles(cache):
                 assert f'extern "C" __global__ void {consts["name"]}(' in source, (
                     f'{family} {consts}: no extern "C" kernel named {consts["name"]}'
                 )
-            cubin = compile_cubin(source, ARCH)
+            cubin = compile_cubin(source, kernel_arch(family, ARCH, **consts))
             assert cubin[:4] == b"\x7fELF", f"{family} {consts}: not an ELF cubin"
             return None
         except Exception as e:  # collect every failure with its nvcc log
@@ -151,6 +157,42 @@ def test_default_kernel_names():
     )
     assert kernel_name("x", v=-0.25) == "x_vm0p25"
     assert kernel_name("x", tag="a-b") == "x_taga_b"
+
+
+def test_kernel_arch_follows_the_family_rule(monkeypatch):
+    monkeypatch.setattr(ccompile, "_arch_suffixes", {})
+    assert kernel_arch("demo", "sm_90", special=1) == "sm_90"  # no rule
+
+    @register_arch_suffix("demo")
+    def rule(special=0, **_):
+        return "a" if special else ""
+
+    assert kernel_arch("demo", "sm_90", special=1) == "sm_90a"
+    assert kernel_arch("demo", "sm_90a", special=1) == "sm_90a"
+    assert kernel_arch("demo", "sm_90", special=0) == "sm_90"
+    assert kernel_arch("demo", "sm_100", special=1) == "sm_100a"
+    assert kernel_arch("other", "sm_90", special=1) == "sm_90"
+    with pytest.raises(ValueError, match="arch must look like 'sm_90'"):
+        kernel_arch("demo", "compute_90", special=1)
+    register_arch_suffix("demo")(lambda **_: "arch")
+    with pytest.raises(ValueError, match="must return '' or one lowercase letter"):
+        kernel_arch("demo", "sm_90")
+
+
+def test_precompile_builds_the_arch_specific_target(cache, monkeypatch):
+    """precompile (and get_module) compile for kernel_arch: a spec whose rule
+    asks for sm_90a builds for sm_90a when the cache is for sm_90."""
+    needs_nvcc()
+    wgmma = 'extern "C" __global__ void cc2ops_test_wg()\n'
+    wgmma += '{\n    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");\n}\n'
+    with pytest.raises(KernelCompileError, match="not supported on .target 'sm_90'"):
+        compile_cubin(wgmma, ARCH)
+    monkeypatch.setattr(ccompile, "render", lambda family, **c: wgmma)
+    monkeypatch.setattr(ccompile, "_check_family", lambda family: family)
+    monkeypatch.setattr(ccompile, "_arch_suffixes", {})
+    register_arch_suffix("demo")(lambda **c: "a" if c.get("wg") else "")
+    assert precompile([ccompile.KernelSpec("demo", {"wg": 1})], arch=ARCH) == 1
+    assert compile_cubin(wgmma, "sm_90a") and compile_stats()["cache_hits"] == 1
 
 
 def test_register_variants(monkeypatch):

@@ -16,12 +16,24 @@ layers, with NaN-poisoned outputs; TF32 relative error < 5e-3 (and > 1e-6, so
 TF32 really ran), 3xTF32 < 1e-5; each data path (16-byte or 4-byte A copies,
 staged or direct C stores), misaligned operands, and forced split-K (the
 sanitize test exercises the reduction kernel whatever the SM count).
+
+The wgmma (sm_90a) tiles: CPU tests check that the copies cover each operand
+tile once, free of bank conflicts, that the matrix descriptors find every
+element where the copies wrote it (a model of the hardware's K-major,
+128-byte-swizzled addressing), that a block's product through copies,
+descriptors and the accumulator map is the matrix product, that the C
+helpers of the rendered kernel compute the numpy spec (a host program built
+with nvcc), that the tiles compile for sm_90a and are offered only on
+compute capability 9.0. GPU tests (``-k wgmma``, on a 9.0 device) run every
+tile on a sweep of shapes and the AlexNet layers, and accumulate.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -83,8 +95,10 @@ def rel_err(got, want) -> float:
     return float(diff / max(np.linalg.norm(want), 1e-30))
 
 
-#: Every tile the autotuner may run (the structural checks apply to all).
+#: Every mma.sync tile the autotuner may run (the structural checks apply to all).
 ALL_TILES = ci.TILES + ci.TAP_TILES
+#: ... and the wgmma tiles, which share the staged epilogue.
+EPILOGUE_TILES = ALL_TILES + ci.WGMMA_TILES
 
 #: Shapes of the sweeps: odd batches and channels, groups, rectangular images
 #: and filters, strides and paddings (b, c, hw, f, khw, stride, pad, groups).
@@ -293,7 +307,7 @@ def test_fragments_with_permuted_k_reproduce_the_block_product(config, op):
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", EPILOGUE_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_stores_each_element_once(config):
     c = np.random.default_rng(3).standard_normal((config.bm, config.bn))
     np.testing.assert_array_equal(ci.emulate_epilogue(config, c), c)
@@ -334,7 +348,7 @@ def test_fragment_loads_are_free_of_bank_conflicts(config, op):
                         assert _bank_conflicts(b[:, nt, kk, q], 1) == 0
 
 
-@pytest.mark.parametrize("config", ALL_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("config", EPILOGUE_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_is_free_of_bank_conflicts(config):
     for warp in range(config.threads // 32):
         maps = [ci.epilogue_map(config, (lane, warp)) for lane in range(32)]
@@ -500,21 +514,355 @@ def test_kernel_names_carry_the_specialisation():
 
     load_gpu_op_modules()
     names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
-    assert 4 <= len(names) <= 12 and len(set(names)) == len(names)
+    assert 4 <= len(names) <= 16 and len(set(names)) == len(names)
     for f, c in all_variants():
         if f == "conv_igemm":
             assert kernel_name(f, **c) == c["name"]
     assert "conv_igemm_fwd_k11x11_s4x4_p2x2_bm64_bn64_bk32_w2x2_st3_cst_tf32" in names
     # the registered variants cover both sides of every template switch
     consts = [c for f, c in all_variants() if f == "conv_igemm"]
-    for key, values in (("AVEC", {1, 4}), ("STAGE_C", {0, 1}), ("SPLIT", {1, 3})):
+    switches = (("AVEC", {1, 4}), ("STAGE_C", {0, 1}), ("SPLIT", {1, 3}))
+    for key, values in (*switches, ("WGMMA", {0, 1})):
         assert {c[key] for c in consts} == values, key
+    wg = [c for c in consts if c["WGMMA"]]
+    assert {c["op"] for c in wg} == {"fwdtm", "dgradtm"}
+    assert {c["STAGE_C"] for c in wg} == {0, 1}
+    assert {(c["BM"], c["BN"], c["STAGES"]) for c in wg} == {
+        (t.bm, t.bn, t.stages) for t in ci.WGMMA_TILES
+    }
+    assert all(c["name"].endswith("_wgmma_tf32") for c in wg)
     assert {c["op"] for c in consts if c["AVEC"] == 4} == {
         "fwd",
         "wgrad",
         "fwdtm",
         "dgradtm",
     }
+
+
+# --------------------------------------------------------------------------
+# CPU: the wgmma (sm_90a) tiles
+# --------------------------------------------------------------------------
+
+WG_IDS = {"ids": lambda t: t.label}
+#: (stage bases of the dynamic shared memory) aligned, and 16 bytes past
+SMEM_BASES = (0, 16, 1008)
+
+
+def test_wgmma_tiles_are_valid_and_fit_shared_memory():
+    assert len(ci.WGMMA_TILES) == len(set(ci.WGMMA_TILES))
+    for t in ci.WGMMA_TILES:
+        assert t.valid() and t.wgmma and t.tapmajor and t.label.endswith("_wgmma")
+        assert t.threads == 128 * (t.bm // 64) and t.warp_tile == (16, t.bn)
+        pipeline = 4 * t.stages * (t.bm + t.bn) * 32 + 1024
+        assert t.shared_bytes("filter_acts") == max(pipeline, 4 * t.stage_c_floats())
+        assert t.shared_bytes("image_acts") <= 227 * 1024  # the H200's opt-in limit
+        assert t not in ci.TAP_TILES and t not in ci.TILES
+    base = ci.WGMMA_TILES[0]
+    for bad in (
+        dataclasses.replace(base, bk=16),  # rows of 64 bytes: not the 128B swizzle
+        dataclasses.replace(base, wm=4, wn=2),  # a warpgroup owns all columns
+        dataclasses.replace(base, stages=2),  # a wgmma group stays in flight
+        dataclasses.replace(base, tapmajor=False),
+        dataclasses.replace(base, vec=False),
+        dataclasses.replace(base, bn=512),  # n <= 256
+        dataclasses.replace(base, bm=96, wm=6),  # 64-row warpgroups
+    ):
+        assert not bad.valid(), bad
+    g = geom(2, 64, 9, 64, 3, 1, 1)
+    with pytest.raises(ValueError, match="runs TF32 with 16-byte A copies only"):
+        ci.plan("filter_acts", g, "fp32", base)
+    with pytest.raises(ValueError, match="breaks the template's rules"):
+        ci.plan("filter_acts", g, "tf32", dataclasses.replace(base, stages=2))
+    p = ci.plan("image_acts", g, "tf32", base)
+    assert p.consts["WGMMA"] == 1 and p.consts["op"] == "dgradtm"
+    assert p.block == 256 and p.shared_bytes == base.shared_bytes("image_acts")
+
+
+@pytest.mark.parametrize("config", ci.WGMMA_TILES, **WG_IDS)
+def test_wgmma_copies_cover_each_tile_once_free_of_bank_conflicts(config):
+    threads = config.threads
+    for operand, rows in (("A", config.bm), ("B", config.bn)):
+        r, k = ci.wgmma_load_map(config, operand)
+        assert r.shape[0] == threads and r.min() >= 0 and r.max() < rows
+        flat = np.sort((r * 32 + k).ravel())
+        np.testing.assert_array_equal(flat, np.arange(rows * 32), err_msg=operand)
+        off = ci.wgmma_smem_offset(r, k)
+        np.testing.assert_array_equal(np.sort(off.ravel()), 4 * np.arange(rows * 32))
+        for warp in range(threads // 32):
+            lanes = slice(32 * warp, 32 * warp + 32)
+            if operand == "A":  # 16-byte vectors: 8 lanes per 128-byte wavefront
+                rv, kv = r[lanes].reshape(32, -1, 4), k[lanes].reshape(32, -1, 4)
+                assert (rv == rv[..., :1]).all()
+                assert (kv == kv[..., :1] + np.arange(4)).all()
+                assert (kv[..., 0] % 4 == 0).all()
+                for e in range(rv.shape[1]):
+                    chunks = ci.wgmma_smem_offset(rv[:, e, 0], kv[:, e, 0]) // 16
+                    for q in range(4):
+                        assert len(set(chunks[8 * q : 8 * q + 8] % 8)) == 8
+            else:  # B: a column per thread, 32 lanes on 32 banks per copy
+                assert (r[lanes] == r[lanes][:, :1]).all()
+                for e in range(r.shape[1]):
+                    banks = ci.wgmma_smem_offset(r[lanes, e], k[lanes, e]) // 4 % 32
+                    assert len(set(banks)) == 32, (warp, e)
+
+
+def test_gmma_descriptor_encoding():
+    # start address 0x12340 >> 4 in bits 0-13, LBO 16 >> 4 in 16-29, SBO
+    # 1024 >> 4 in 32-45, base offset bits 49-51, layout 1 (128B) in 62-63
+    d = ci.gmma_descriptor(0x12340)
+    assert d == 0x1234 | 1 << 16 | 64 << 32 | 1 << 62
+    assert ci.gmma_descriptor(0x12340 + 2**18) == d  # the address modulo 2^18
+    assert ci.gmma_descriptor(0, lbo=256, sbo=16, layout=3, base_offset=5) == (
+        16 << 16 | 1 << 32 | 5 << 49 | 3 << 62
+    )
+    assert ci.gmma_descriptor(0x400) + 2 == ci.gmma_descriptor(0x420)  # a k8 step
+    with pytest.raises(ValueError, match="sbo must be"):
+        ci.gmma_descriptor(0, sbo=1000)
+    with pytest.raises(ValueError, match="out of range"):
+        ci.gmma_descriptor(8)
+    # the no-swizzle layout: core matrices of 8 rows x 16 bytes
+    d0 = ci.gmma_descriptor(0, lbo=128, sbo=256, layout=0)
+    got = ci.gmma_address(d0, np.array([0, 1, 7, 8, 9]), np.array([0, 1, 4, 5, 7]))
+    np.testing.assert_array_equal(
+        got, [0, 20, 112 + 128, 256 + 128 + 4, 256 + 16 + 140]
+    )
+    with pytest.raises(ValueError, match="base offset 0"):
+        ci.gmma_address(d | 1 << 49, 0, 0)
+    with pytest.raises(ValueError, match="k must be in"):
+        ci.gmma_address(d, 0, 8)
+
+
+@pytest.mark.parametrize("config", ci.WGMMA_TILES, **WG_IDS)
+def test_descriptors_find_every_element_where_the_copies_wrote_it(config):
+    """The main guard against a layout bug: for every stage, warpgroup and k8
+    step, the address at which the descriptor the kernel builds makes the
+    tensor cores read (row, k) is where the copies wrote (row, k)."""
+    a_bytes, b_bytes = (4 * f for f in config.smem_floats("filter_acts"))
+    j = np.arange(8)[None, :]
+    for base in SMEM_BASES:
+        smem0 = (base + 1023) & ~1023  # the kernel's smem0
+        assert smem0 % 1024 == 0 and smem0 - base < 1024
+        for stage in range(config.stages):
+            a_st = smem0 + stage * (a_bytes + b_bytes)
+            b_st = a_st + a_bytes
+            assert b_st + b_bytes <= base + config.shared_bytes("filter_acts")
+            for kk in range(4):
+                for wg in range(config.bm // 64):
+                    rows = np.arange(64)[:, None]
+                    start = a_st + wg * 64 * 128 + kk * 32
+                    got = ci.gmma_address(ci.gmma_descriptor(start), rows, j)
+                    want = a_st + ci.wgmma_smem_offset(64 * wg + rows, 8 * kk + j)
+                    np.testing.assert_array_equal(got, want)
+                rows = np.arange(config.bn)[:, None]
+                got = ci.gmma_address(ci.gmma_descriptor(b_st + kk * 32), rows, j)
+                want = b_st + ci.wgmma_smem_offset(rows, 8 * kk + j)
+                np.testing.assert_array_equal(got, want)
+    # the check has teeth: without the swizzle, or with the stages not
+    # 1024-byte aligned, the descriptors would find other elements
+    rows = np.arange(64)[:, None]
+    want = ci.wgmma_smem_offset(rows, j)
+    unswizzled = ci.gmma_descriptor(0, lbo=16, sbo=1024, layout=0)
+    assert (ci.gmma_address(unswizzled, rows, j) != want).any()
+    shifted = ci.gmma_address(ci.gmma_descriptor(512), rows, j) - 512
+    assert (shifted != want).any()
+
+
+def test_wgmma_accumulator_map_is_the_epilogue_fragment_layout():
+    for config in ci.WGMMA_TILES:
+        for wg in range(config.bm // 64):
+            seen = np.zeros((64, config.bn), np.int64)
+            for warp in range(4):
+                for lane in range(32):
+                    acc = ci.wgmma_accumulator_map(lane, warp, config.bn)
+                    np.add.at(seen, (acc[..., 0], acc[..., 1]), 1)
+                    frag = ci.fragment_map(config, "filter_acts", (lane, 4 * wg + warp))
+                    np.testing.assert_array_equal(
+                        frag["c_mn"][0], acc + np.array([64 * wg, 0])
+                    )
+            assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("config", ci.WGMMA_TILES, **WG_IDS)
+def test_emulated_wgmma_block_reproduces_the_product(config):
+    r = np.random.default_rng(5)
+    a = r.standard_normal((config.bm, 32))
+    b = r.standard_normal((32, config.bn))
+    for base, stage in ((0, None), (16, 0), (1008, 1)):
+        got = ci.emulate_wgmma_block(config, a, b, base=base, stage=stage)
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="not a valid wgmma tile"):
+        ci.emulate_wgmma_block(ci.TAP_TILES[1], a, b)
+
+
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("label", list(TAP_SHAPES))
+def test_emulated_wgmma_index_maps_match_the_references(op, label):
+    g = geom(*TAP_SHAPES[label])
+    x, w, dy = tensors(g, dtype=np.float64)
+    want = reference(op, g, x, w, dy)
+    for config in (t for t in ci.WGMMA_TILES if ci.tapmajor_ok(op, g, t)):
+        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
+
+
+def _trunc_tf32(x: np.ndarray) -> np.ndarray:
+    """What wgmma does to an fp32 operand: the low 13 mantissa bits dropped."""
+    u = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return u.view(np.float32)
+
+
+def test_wgmma_tf32_error_model():
+    """Weights rounded once (the wperm kernel), activations truncated by the
+    tensor cores: the error stays well inside the TF32 tolerance and is
+    below that of truncating both."""
+    r = np.random.default_rng(6)
+    for big_k in (576, 3456):
+        a = r.standard_normal((64, big_k)).astype(np.float32)
+        b = r.standard_normal((big_k, 64)).astype(np.float32)
+        want = np.float64(a) @ np.float64(b)
+        rounded = np.float64(_tf32(a)) @ np.float64(_trunc_tf32(b))
+        both = np.float64(_trunc_tf32(a)) @ np.float64(_trunc_tf32(b))
+        assert 1e-5 < rel_err(rounded, want) < 1.5e-3 < TOL["tf32"] / 3
+        assert rel_err(rounded, want) < rel_err(both, want)
+
+
+def _fake_device(capability):
+    return SimpleNamespace(
+        compute_capability=capability,
+        arch=f"sm_{capability[0]}{capability[1]}",
+        index=0,
+        multiprocessors=132,
+        name="fake",
+    )
+
+
+def test_wgmma_tiles_are_offered_on_compute_capability_9_0_only(monkeypatch):
+    from cc2ops.cuda import conv as gconv
+    from cc2ops.cuda import device as cdevice
+    from cc2ops.cuda.compile import kernel_arch
+
+    g = geom(8, 192, 13, 384, 3, 1, 1)  # AlexNet conv3
+    for op in ("filter_acts", "image_acts"):
+        base = ci.variants(op, g, "tf32")
+        assert not any(t.wgmma for t in base)
+        for cap in ((8, 0), (8, 9), (9, 1), (10, 0), (12, 0)):
+            assert ci.variants(op, g, "tf32", cap) == base, cap
+        on_h = ci.variants(op, g, "tf32", (9, 0))
+        assert on_h == base + list(ci.WGMMA_TILES)
+        assert not any(t.wgmma for t in ci.variants(op, g, "fp32", (9, 0)))
+    assert not any(t.wgmma for t in ci.variants("weight_acts", g, "tf32", (9, 0)))
+    small_m = geom(4, 32, 9, 32, 3, 1, 1)  # M = 32: 64-row tiles at most
+    assert {t.bm for t in ci.variants("filter_acts", small_m, "tf32", (9, 0))
+            if t.wgmma} == {64}  # fmt: skip
+    # through the conv ops' candidate list, with a mocked device
+    for cap, want in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
+        monkeypatch.setattr(cdevice, "get_device", lambda d, cap=cap: _fake_device(cap))
+        names = gconv.algorithm_names("image_acts", g, np.float32, "tf32", device=0)
+        assert any(n.endswith("_wgmma") for n in names) == want, cap
+        assert len(set(names)) == len(names)
+        specs = gconv.kernel_specs("filter_acts", g, np.float32, "tf32", device=0)
+        arches = {kernel_arch(s.family, "sm_90", **s.consts) for s in specs}
+        assert ("sm_90a" in arches) == want, cap
+        if not want:
+            with pytest.raises(ValueError, match="needs compute capability 9.0"):
+                ci._recipe("filter_acts", g, "tf32", 0, ci.WGMMA_TILES[0], None, True)
+    # no device given: no CUDA touched, the portable candidates only
+    monkeypatch.setattr(cdevice, "get_device", None)
+    names = gconv.algorithm_names("image_acts", g, np.float32, "tf32")
+    assert names and not any(n.endswith("_wgmma") for n in names)
+
+
+def test_wgmma_kernels_compile_for_sm_90a(tmp_path, monkeypatch):
+    from cc2ops.cuda.compile import (
+        KernelCompileError,
+        compile_cubin,
+        find_nvcc,
+        kernel_arch,
+        render,
+    )
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    monkeypatch.setenv("CC2OPS_CACHE_DIR", str(tmp_path))
+    g = geom(3, 64, (9, 7), 96, (3, 2), 2, 1)
+    for i, t in enumerate(ci.WGMMA_TILES):
+        op = ("filter_acts", "image_acts")[i % 2]
+        consts = ci.plan(op, g, "tf32", t).consts
+        assert kernel_arch("conv_igemm", "sm_90", **consts) == "sm_90a"
+        source = render("conv_igemm", **consts)
+        assert f"wgmma.mma_async.sync.aligned.m64n{t.bn}k8.f32.tf32.tf32" in source
+        assert f'extern "C" __global__ void {consts["name"]}_wperm(' in source
+        assert compile_cubin(source, "sm_90a")[:4] == b"\x7fELF"
+    with pytest.raises(KernelCompileError, match="not supported on .target 'sm_90'"):
+        compile_cubin(source, "sm_90")
+
+
+#: Prints the C helpers' copy maps, swizzle and descriptors (THREADS,
+#: A_COPIES, B_COPIES are replaced by the tile's values).
+_HARNESS = r"""
+#include <cstdio>
+int main()
+{
+    for (int t = 0; t < THREADS; ++t) {
+        printf("A %d", wgmma_a_k(t));
+        for (int e = 0; e < A_COPIES; ++e) printf(" %d", wgmma_a_row(t, e));
+        printf("\nB %d", wgmma_b_col(t));
+        for (int c = 0; c < 8; ++c)
+            for (int s = 0; s < B_COPIES; ++s) printf(" %d", wgmma_b_k(t, c, s));
+        printf("\n");
+    }
+    for (int r = 0; r < 256; ++r)
+        for (int k = 0; k < 32; ++k) printf("S %u\n", sw128_offset(r, k));
+    for (unsigned a = 0; a < (1u << 18) + 4096; a += 1008)
+        printf("D %u %llu\n", a & ~15u, gmma_desc_sw128(a & ~15u));
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "config",
+    {(t.bm, t.bn): t for t in ci.WGMMA_TILES}.values(),  # distinct copy maps
+    **WG_IDS,
+)
+def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
+    """The copy maps, swizzle and descriptor of the rendered kernel (its
+    __host__ __device__ helpers, run on the CPU) against the numpy spec."""
+    from cc2ops.cuda.compile import find_nvcc, render
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    g = geom(2, 64, 9, 64, 3, 1, 1)
+    source = render("conv_igemm", **ci.plan("filter_acts", g, "tf32", config).consts)
+    harness = _HARNESS.replace("THREADS", str(config.threads))
+    harness = harness.replace("A_COPIES", str(config.bm * 8 // config.threads))
+    harness = harness.replace("B_COPIES", str(4 // (config.threads // config.bn)))
+    (tmp_path / "harness.cu").write_text(source + harness)
+    build = subprocess.run(
+        [nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "-o",
+         str(tmp_path / "harness"), str(tmp_path / "harness.cu")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    lines = [ln.split() for ln in run.stdout.splitlines()]
+    ra, ka = ci.wgmma_load_map(config, "A")
+    rb, kb = ci.wgmma_load_map(config, "B")
+    a_rows = np.array([[int(v) for v in ln[1:]] for ln in lines if ln[0] == "A"])
+    b_rows = np.array([[int(v) for v in ln[1:]] for ln in lines if ln[0] == "B"])
+    np.testing.assert_array_equal(a_rows[:, 0], ka[:, 0])  # the vector's first k
+    np.testing.assert_array_equal(a_rows[:, 1:], ra[:, ::4])
+    np.testing.assert_array_equal(b_rows[:, 0], rb[:, 0])
+    np.testing.assert_array_equal(b_rows[:, 1:], kb)
+    s = np.array([int(ln[1]) for ln in lines if ln[0] == "S"]).reshape(256, 32)
+    r, k = np.meshgrid(np.arange(256), np.arange(32), indexing="ij")
+    np.testing.assert_array_equal(s, ci.wgmma_smem_offset(r, k))
+    descs = [(int(ln[1]), int(ln[2])) for ln in lines if ln[0] == "D"]
+    assert len(descs) > 200
+    for addr, desc in descs:
+        assert desc == ci.gmma_descriptor(addr), addr
 
 
 # --------------------------------------------------------------------------
@@ -677,6 +1025,126 @@ def test_gpu_weight_acts_split_k_is_deterministic(debug):
     assert rel_err(first, want) < 1e-5
     single, _ = run_gpu("weight_acts", g, "fp32", splits=1)
     assert rel_err(single, want) < 1e-5
+
+
+# --------------------------------------------------------------------------
+# GPU: the wgmma (sm_90a) tiles, on a device of compute capability 9.0
+# --------------------------------------------------------------------------
+
+
+def needs_wgmma():
+    from cc2ops.cuda.device import get_device
+
+    cap = tuple(get_device(0).compute_capability)
+    if cap != ci.WGMMA_CAPABILITY:
+        pytest.skip(f"wgmma tiles need compute capability 9.0, device 0 has {cap}")
+
+
+#: wgmma sweep (b, c, hw, f, khw, stride, pad, groups): channels and filters
+#: per group multiples of 32 (bk), M = Fg or Cg below, at and above a tile's
+#: rows (32, 96, 160, 256), odd batches, strides 1, 2 and 4, paddings,
+#: rectangular images and filters, groups.
+WGMMA_SHAPES = {
+    "b3 c32 f64 3x3 p1": (3, 32, 7, 64, 3, 1, 1, 1),
+    "b5 c64 f96 5x3 p(2,1) rect": (5, 64, (9, 6), 96, (5, 3), 1, (2, 1), 1),
+    "b3 c64 f64 s2 g2": (3, 64, 9, 64, 3, 2, 1, 2),
+    "b1 c32 f32 11x11 s4 p2": (1, 32, 23, 32, 11, 4, 2, 1),
+    "b7 c96 f160 1x1": (7, 96, 6, 160, 1, 1, 0, 1),
+    "b3 c128 f256 3x2 s4 rect": (3, 128, (17, 13), 256, (3, 2), 4, 1, 1),
+    "b9 c256 f128 g2 s(1,2)": (9, 256, (8, 11), 128, 3, (1, 2), 1, 2),
+    "b1 c160 f96 7x7 s1 p3": (1, 160, 10, 96, 7, 1, 3, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("config", ci.WGMMA_TILES, ids=lambda t: t.label)
+def test_gpu_every_wgmma_tile(op, config, debug):
+    # batch 33, 96 filters of 64 channels: partial tiles along M and N
+    needs_wgmma()
+    g = geom(33, 64, (9, 7), 96, 3, 1, 1)
+    assert ci.tapmajor_ok(op, g, config)
+    err = check(op, g, "tf32", config, label="wgmma b33 c64 f96")
+    assert err > 1e-6, f"{config.label}: error {err} looks like fp32 (TF32 unused?)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("label", list(WGMMA_SHAPES))
+def test_gpu_wgmma_shapes(op, label, debug):
+    needs_wgmma()
+    g = geom(*WGMMA_SHAPES[label])
+    tiles = [t for t in ci.WGMMA_TILES if ci.tapmajor_ok(op, g, t)]
+    assert tiles == list(ci.WGMMA_TILES), label
+    for config in tiles:
+        check(op, g, "tf32", config, label=f"{label} {config.label}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize("layer", ["conv2", "conv3", "conv4", "conv5"])
+def test_gpu_alexnet_layers_wgmma(layer, op, debug):
+    needs_wgmma()
+    g = geom(*ALEXNET[layer])
+    for config in ci.WGMMA_TILES:
+        assert ci.tapmajor_ok(op, g, config)
+        err = check(op, g, "tf32", config, label=f"{layer} {config.label}")
+        assert err > 1e-6, f"{layer} {config.label}: error {err} looks like fp32"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ci.WGMMA_TILES, ids=lambda t: t.label)
+def test_gpu_wgmma_through_the_conv_ops_and_accumulate(config, debug):
+    """The tiles are candidates on this device; forced by name, image_acts
+    adds into an accumulator (the only scaling the epilogue supports: beta
+    = 1) and filter_acts writes into a given output."""
+    from cc2ops.cuda import array as garray
+    from cc2ops.cuda import conv as gconv
+
+    needs_wgmma()
+    g = geom(5, 64, (9, 7), 96, 3, 2, 1)
+    x, w, dy = tensors(g, seed=4)
+    kw = dict(conv_args(g), precision="tf32", device=0)
+    name = gconv.Igemm(config).name
+    for op in ("filter_acts", "image_acts"):
+        assert name in gconv.algorithm_names(op, g, np.float32, "tf32", device=0)
+    assert name not in gconv.algorithm_names("filter_acts", g, np.float32, "fp32", 0)
+    acc = np.random.default_rng(9).standard_normal(x.shape).astype(np.float32)
+    acc_gpu = garray.to_gpu(acc, 0)
+    dy_gpu, w_gpu = garray.to_gpu(dy, 0), garray.to_gpu(w, 0)
+    got = gconv.image_acts(
+        dy_gpu, w_gpu, (g.height, g.width), algorithm=name, acc=acc_gpu, **kw
+    )
+    want = acc + reference("image_acts", g, x, w, dy)
+    assert garray.ptr(got) == garray.ptr(acc_gpu)  # written into acc
+    err = rel_err(garray.to_host(got), want)
+    assert err < TOL["tf32"], f"accumulate {config.label}: rel err {err}"
+    out = garray.empty(dy.shape, np.float32, 0)
+    assert np.isnan(garray.to_host(out)).all()  # poisoned
+    y = gconv.filter_acts(garray.to_gpu(x, 0), w_gpu, algorithm=name, out=out, **kw)
+    assert garray.ptr(y) == garray.ptr(out)
+    err = rel_err(garray.to_host(y), reference("filter_acts", g, x, w, dy))
+    assert err < TOL["tf32"], f"filter_acts {config.label}: rel err {err}"
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_rejected_off_compute_capability_9_0(debug):
+    from cc2ops.cuda.device import get_device
+
+    if tuple(get_device(0).compute_capability) == ci.WGMMA_CAPABILITY:
+        pytest.skip("device 0 runs the wgmma tiles")
+    with pytest.raises(ValueError, match="needs compute capability 9.0"):
+        run_gpu("filter_acts", geom(2, 32, 5, 32, 3, 1, 1), "tf32", ci.WGMMA_TILES[0])
+
+
+@pytest.mark.gpu
+def test_conv_igemm_wgmma_sanitize(debug):
+    """wgmma kernels and their weight permutation (compute-sanitizer)."""
+    needs_wgmma()
+    g = geom(3, 32, (7, 6), 32, (3, 2), 1, 1)  # partial tiles along M and N
+    for op in ("filter_acts", "image_acts"):
+        for config in ci.WGMMA_TILES:
+            check(op, g, "tf32", config, label="sanitize wgmma")
 
 
 #: The kernel paths behind TileConfig's switches (vec, stage_c): the original

@@ -17,7 +17,7 @@ Constants
   KH KW SH SW PH PW   filter size, stride, padding (rows x cols)
   BM BN BK       block tile of the GEMM C[M, N] = A[M, K] B[K, N]
   WM WN          warps along M and N (warp tile BM/WM x BN/WN)
-  STAGES         depth of the cp.async ring (2 or 3)
+  STAGES         depth of the cp.async ring (2 or 3; wgmma: 3 or 4)
   SPLIT          1: TF32 (operands rounded to TF32, ~1e-3 relative error);
                  3: 3xTF32, a = big + small with big = tf32(a),
                  small = tf32(a - big), a*b ~ big*big + big*small + small*big
@@ -29,6 +29,9 @@ Constants
   STAGE_C        1: the epilogue stages each warp's C through shared memory,
                  16 rows at a time, and stores 32 consecutive n per warp
                  instruction; 0: stores straight from the fragments
+  WGMMA          1: the Hopper warpgroup MMA main loop described under
+                 "wgmma" below (sm_90a only; fwdtm and dgradtm, SPLIT 1,
+                 AVEC 4, BK 32, WN 1, WM = BM/16); 0: mma.sync
 
 Shared-memory layouts (floats): A is [BM][BK + 8] (k contiguous); B is
 [BK][BN + 4] (n contiguous: fwd, dgrad) or [BN][BK + 8] (k contiguous: wgrad),
@@ -40,6 +43,40 @@ permuted (hardware k column j <-> logical 2j, j + 4 <-> 2j + 1, the same for A
 and B, so the sum over k is unchanged): a thread's two k values are adjacent
 and its k-contiguous fragments load as float2. With the paddings above every
 fragment load is free of bank conflicts.
+
+wgmma (WGMMA = 1, compiled for sm_90a; conv_igemm.py's wgmma_* and gmma_*
+functions specify and emulate every map below, under the same names)
+  BM/64 warpgroups of 128 threads. Warpgroup g owns rows 64g .. 64g + 63 of
+  the block tile and all BN columns: per k8 step it issues one
+  wgmma.mma_async.m64nBNk8.f32.tf32.tf32 whose operands the tensor cores read
+  from shared memory through matrix descriptors. tf32 wgmma reads A and B
+  K-major only, so a stage is A [BM][32] then B [BN][32] (k contiguous), rows
+  of 128 bytes in the 128-byte swizzle: 16-byte chunk j of row r sits at
+  chunk position j ^ (r % 8) (sw128_offset). The stages start at the first
+  1024-byte boundary of the dynamic shared memory (the swizzle works on
+  address bits 4-9, so its 8-row atoms must be 1024-byte aligned).
+  Descriptors (gmma_desc_sw128): layout SWIZZLE_128B, stride byte offset 1024
+  (from one 8-row group to the next), the start address 32 bytes further per
+  k8 step (the hardware applies the swizzle to the address it forms).
+  Copies: A in 16-byte cp.async, 8 threads per row, whose 8 chunks land in 8
+  distinct bank groups; B in 4-byte cp.async, each thread one column n for
+  all its copies (its pixel decoded once, as above), a warp's copy
+  instruction 8 columns x 4 consecutive k of one chunk: 32 distinct banks
+  (wgmma_b_col, wgmma_b_k).
+  Pipeline: the STAGES-deep ring runs STAGES - 2 tiles ahead and one wgmma
+  group stays in flight. Per k tile kt: wait for the tile's copies,
+  fence.proxy.async (the generic-proxy copies become visible to the async
+  proxy the tensor cores read through), __syncthreads, wgmma.fence, BK/8
+  wgmmas, commit, copy tile kt + STAGES - 2 into the stage of tile kt - 2
+  (every warpgroup finished those wgmmas before the barrier), then
+  wgmma.wait_group 1.
+  Accumulators: d[i][q] of warp w of a warpgroup, lane l, is row
+  16w + l/4 + 8(q/2), column 8i + 2(l%4) + q%2 of the warpgroup's 64 x BN
+  tile: the m16n8 fragment layout, so the epilogue below serves unchanged
+  with warp tiles of 16 x BN (warp 4g + w owns rows 16(4g + w) ..).
+  Precision: the tensor cores drop the low 13 mantissa bits of the fp32 data
+  they read (truncation), so ${name}_wperm rounds the weights to TF32 once;
+  the activations are truncated.
 </%doc>
 <%include file="common.cuh"/>
 <%
@@ -77,6 +114,26 @@ assert not STAGE_C or WTN % 32 == 0
 # two 128-thread blocks per SM), spill-free; TF32 fits three or two blocks.
 MIN_BLOCKS = (2 if THREADS >= 256 else 3) if SPLIT == 1 else (1 if THREADS >= 256 else 2)
 %>
+% if WGMMA:
+<%
+NWG = THREADS // 128  # warpgroups
+TPN = THREADS // BN  # threads per column of B (each copies BK / TPN of its k)
+ROWB = BK * 4  # bytes of a K-major operand row: 128, the swizzle's width
+A_BYTES = BM * ROWB
+B_BYTES = BN * ROWB
+STAGE_BYTES = A_BYTES + B_BYTES
+AHEAD = STAGES - 2  # tiles in flight ahead of the one computed
+NACC = BN // 2  # accumulators per thread: 64 x BN over 128 threads
+assert TAPM and SPLIT == 1 and AVEC == 4 and BK == 32 and WN == 1
+assert THREADS == 128 * NWG and BM == 64 * NWG and WM * 16 == BM
+assert THREADS % BN == 0 and TPN in (1, 2, 4) and BN % 8 == 0 and BN <= 256
+assert STAGES >= 3 and STAGE_C in (0, 1)
+WG_D = ", ".join("%" + str(i) for i in range(NACC))
+WG_OUT = ", ".join('"+f"(d[' + str(i // 4) + '][' + str(i % 4) + '])' for i in range(NACC))
+# two blocks per SM where their shared memory fits (228 KB, 1 KB reserved per block)
+MIN_BLOCKS = 2 if 2 * (STAGES * STAGE_BYTES + 2048) <= 228 * 1024 else 1
+%>
+% endif
 <%def name="params()">
     const float* __restrict__ asrc, const float* __restrict__ bsrc,
     float* __restrict__ out,
@@ -147,6 +204,104 @@ __device__ __forceinline__ void mma_tf32_zero(float* d, const u32* a, const u32*
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.f));
 }
+% if WGMMA:
+
+// ---- wgmma (sm_90a): see "wgmma" in the doc block --------------------------
+
+// Byte offset of element (row, k) in a K-major operand tile of 128-byte rows
+// in the 128-byte swizzle: 16-byte chunk k/4 of the row at chunk position
+// (k/4) ^ (row % 8). k < 32.
+__host__ __device__ __forceinline__ u32 sw128_offset(int row, int k)
+{
+    return (u32)(row * 128 + ((((k >> 2) ^ row) & 7) << 4) + (k & 3) * 4);
+}
+
+// The wgmma matrix descriptor of a K-major, 128-byte-swizzled operand whose
+// first row starts at shared address addr: bits 0-13 addr >> 4; bits 16-29 the
+// leading byte offset >> 4 (unused by swizzled K-major layouts; 16 bytes as
+// CUTLASS sets it); bits 32-45 the stride byte offset >> 4 (1024 bytes from
+// one 8-row group to the next); bits 49-51 base offset 0 (the 8-row atoms are
+// 1024-byte aligned); bits 62-63 layout type 1 (SWIZZLE_128B).
+__host__ __device__ __forceinline__ u64 gmma_desc_sw128(u32 addr)
+{
+    return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(16u >> 4) << 16)
+           | ((u64)(1024u >> 4) << 32) | ((u64)1 << 62);
+}
+
+// The copy maps. A: 16-byte vector e of thread tid is row
+// wgmma_a_row(tid, e), k = wgmma_a_k(tid) .. + 3 (8 threads per row).
+__host__ __device__ __forceinline__ int wgmma_a_row(int tid, int e)
+{
+    return (tid >> 3) + e * ${THREADS // 8};
+}
+
+__host__ __device__ __forceinline__ int wgmma_a_k(int tid) { return (tid & 7) * 4; }
+
+// B: every copy of thread tid is column wgmma_b_col(tid); copy (c, s), for
+// c < BK/4 and s < 4/TPN, is k = wgmma_b_k(tid, c, s). Lanes 8j .. 8j + 7 of
+// a warp take 8 consecutive columns and, at each copy, k residue
+// (j + TPN*s) % 4 of chunk c: a warp writes 8 columns x 4 residues, all 32
+// banks once through the swizzle.
+__host__ __device__ __forceinline__ int wgmma_b_col(int tid)
+{
+    return (tid & 7) + 8 * (tid / ${8 * TPN});
+}
+
+__host__ __device__ __forceinline__ int wgmma_b_k(int tid, int c, int s)
+{
+    return 4 * c + (((tid >> 3) + ${TPN} * s) & 3);
+}
+
+// Orders this thread's generic-proxy shared-memory writes (cp.async, st)
+// before later async-proxy accesses (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Returns when at most N of this warpgroup's committed wgmma groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accesses to the accumulators across the
+// asynchronous wgmmas (CUTLASS's warpgroup_fence_operand); emits nothing.
+__device__ __forceinline__ void fence_acc(float (&d)[${NACC // 4}][4])
+{
+#pragma unroll
+    for (int i = 0; i < ${NACC // 4}; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) asm volatile("" : "+f"(d[i][q]) :: "memory");
+}
+
+// d += A B for this warpgroup, A 64 x 8 (desc_a) and B 8 x ${BN} (desc_b,
+// stored as its transpose, K-major) in shared memory. d[i][q] of warp w of the
+// warpgroup, lane l: row 16w + l/4 + 8(q/2), column 8i + 2(l%4) + q%2.
+__device__ __forceinline__ void wgmma_tf32(float (&d)[${NACC // 4}][4], u64 desc_a, u64 desc_b)
+{
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %${NACC + 2}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n${BN}k8.f32.tf32.tf32 "
+        "{${WG_D}}, %${NACC}, %${NACC + 1}, p, 1, 1;\n"
+        "}\n"
+        : ${WG_OUT}
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+% endif
 
 // GEMM C[M, N] = A[M, K] B[K, N] per group (blockIdx.z % groups) and split-K
 // slice (blockIdx.z / groups: k in [split * k_chunk, split * k_chunk + k_chunk)).
@@ -163,8 +318,14 @@ extern "C" __global__ void __launch_bounds__(${THREADS}, ${MIN_BLOCKS}) ${name}(
 extern "C" __global__ void ${name}(${params()})
 {
     extern __shared__ float4 smem4[];
+% if WGMMA:
+    // the pipeline's stages start at the first 1024-byte boundary (see
+    // wgmma_mainloop); As is the epilogue's staging buffer
+    float* As = reinterpret_cast<float*>(smem4);
+% else:
     float* As = reinterpret_cast<float*>(smem4);  // [STAGES][A_TILE]
     float* Bs = As + ${STAGES * A_TILE};           // [STAGES][B_TILE]
+% endif
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -183,6 +344,9 @@ extern "C" __global__ void ${name}(${params()})
     const int HW = H * W;
     const int OHW = OH * OW;
 
+% if WGMMA:
+${wgmma_mainloop()}\
+% else:
 % if AVEC == 1 or B_KMAJOR:
     // k-major load map (A in 4-byte copies, B for wgrad): element e of this
     // thread is tile row load_r + e * STEP, tile column load_k.
@@ -200,24 +364,7 @@ extern "C" __global__ void ${name}(${params()})
     // tile column (n) bn_n, the same n for every e: its pixel is decoded once.
     const int bn_n = tid % ${BN};
     const int bn_k = tid / ${BN};
-    const int n_fixed = n0 + bn_n;
-    const bool n_ok = n_fixed < N;
-    const int n_img = fastdiv(n_fixed, d1_magic, d1_shift);
-    const int n_pix = n_fixed - n_img * ${"OHW" if IS_FWD else "HW"};
-    const int n_row = fastdiv(n_pix, d2_magic, d2_shift);
-    const int n_col = n_pix - n_row * ${"OW" if IS_FWD else "W"};
-%   if IS_FWD:
-    // b_offset(fwd): x[n_img][grp*Cg + c][n_row*SH - PH + u][n_col*SW - PW + v]
-    const int ih0 = n_row * ${SH} - ${PH};
-    const int iw0 = n_col * ${SW} - ${PW};
-    const float* b_base = bsrc + (n_img * C + grp * Cg) * HW;
-%   else:
-    // b_offset(dgrad): dy[n_img][grp*Fg + f][(ih + PH - u)/SH][(iw + PW - v)/SW]
-    // where both divisions are exact and in range
-    const int ohs = n_row + ${PH};
-    const int ows = n_col + ${PW};
-    const float* b_base = bsrc + (n_img * F + grp * Fg) * OHW;
-%   endif
+${b_pixel()}\
 % endif
 % if IS_FWD:
     const float* a_base = asrc + grp * Fg * K;  // a_offset(fwd): w[grp*Fg + m][k]
@@ -309,30 +456,7 @@ extern "C" __global__ void ${name}(${params()})
 % endif
 % if TAPM:
         {
-            // the whole slice is tap t = k0 / CK; this thread's n is fixed
-            const int tap = k0 / ${"Cg" if op == "fwdtm" else "Fg"};
-            const int kc0 = k0 - tap * ${"Cg" if op == "fwdtm" else "Fg"};
-            const int u = tap / ${KW};
-            const int v = tap - u * ${KW};
-%   if op == "fwdtm":
-            // b_offset(fwdtm): x[n_img][grp*Cg + kc0 + kr][ih0 + u][iw0 + v]
-            const int ih = ih0 + u;
-            const int iw = iw0 + v;
-            const bool ok = n_ok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-            const float* src0 = b_base + kc0 * HW + ih * W + iw;
-            const int kstep = ${B_STEP} * HW;
-%   else:
-            // b_offset(dgradtm): dy[n_img][grp*Fg + kc0 + kr][oh][ow] where
-            // oh = (ih + PH - u)/SH, ow = (iw + PW - v)/SW are exact and in range
-            const unsigned ohn = (unsigned)(ohs - u);
-            const unsigned own = (unsigned)(ows - v);
-            const unsigned oh = ohn / ${SH};
-            const unsigned ow = own / ${SW};
-            const bool ok = n_ok && oh * ${SH} == ohn && ow * ${SW} == own
-                            && oh < (unsigned)OH && ow < (unsigned)OW;
-            const float* src0 = b_base + kc0 * OHW + (int)oh * OW + (int)ow;
-            const int kstep = ${B_STEP} * OHW;
-%   endif
+${tap_source(B_STEP)}\
             const float* src = src0 + bn_k * (kstep / ${B_STEP});
 #pragma unroll
             for (int e = 0; e < ${B_LOADS}; ++e) {
@@ -492,6 +616,7 @@ extern "C" __global__ void ${name}(${params()})
         compute_tile(kt % ${STAGES});
     }
     cp_async_wait<0>();
+% endif
 
 % if IS_FWD:
 <%  ROW = "(grp * Fg + m) * OHW" %>
@@ -593,6 +718,9 @@ ${col_offset("n")}
 //   fwdtm:   wp[f][t][c]      = w[f][c][t]          (F, KHKW*Cg)
 //   dgradtm: wq[g][c][t][f]   = w[g*Fg + f][c][t]   (G, Cg, KHKW*Fg)
 // one thread per destination element, t = u*KW + v.
+% if WGMMA:
+// (rounded to TF32 here: the tensor cores would drop their low 13 bits)
+% endif
 extern "C" __global__ void ${name}_wperm(
     const float* __restrict__ w, float* __restrict__ wp, int G, int Cg, int Fg)
 {
@@ -603,7 +731,11 @@ extern "C" __global__ void ${name}_wperm(
         const int r = (int)(i - f * (Cg * ${KHKW}));
         const int t = r / Cg;
         const int c = r - t * Cg;
+%   if WGMMA:
+        wp[i] = __uint_as_float(to_tf32(w[(f * Cg + c) * ${KHKW} + t]));  // wgmma would truncate
+%   else:
         wp[i] = w[(f * Cg + c) * ${KHKW} + t];
+%   endif
 %   else:
         const index_t gc = i / (${KHKW} * Fg);  // g * Cg + c
         const int r = (int)(i - gc * (${KHKW} * Fg));
@@ -611,7 +743,11 @@ extern "C" __global__ void ${name}_wperm(
         const int f = r - t * Fg;
         const index_t g = gc / Cg;
         const index_t c = gc - g * Cg;
+%   if WGMMA:
+        wp[i] = __uint_as_float(to_tf32(w[((g * Fg + f) * Cg + c) * ${KHKW} + t]));  // wgmma would truncate
+%   else:
         wp[i] = w[((g * Fg + f) * Cg + c) * ${KHKW} + t];
+%   endif
 %   endif
     }
 }
@@ -630,3 +766,133 @@ extern "C" __global__ void ${name}_sum(
     }
 }
 % endif
+<%def name="b_pixel()">\
+## The pixel of this thread's B column n0 + bn_n (fixed for all its copies),
+## and where its data starts: shared by the mma.sync and wgmma loops.
+    const int n_fixed = n0 + bn_n;
+    const bool n_ok = n_fixed < N;
+    const int n_img = fastdiv(n_fixed, d1_magic, d1_shift);
+    const int n_pix = n_fixed - n_img * ${"OHW" if IS_FWD else "HW"};
+    const int n_row = fastdiv(n_pix, d2_magic, d2_shift);
+    const int n_col = n_pix - n_row * ${"OW" if IS_FWD else "W"};
+%   if IS_FWD:
+    // b_offset(fwd): x[n_img][grp*Cg + c][n_row*SH - PH + u][n_col*SW - PW + v]
+    const int ih0 = n_row * ${SH} - ${PH};
+    const int iw0 = n_col * ${SW} - ${PW};
+    const float* b_base = bsrc + (n_img * C + grp * Cg) * HW;
+%   else:
+    // b_offset(dgrad): dy[n_img][grp*Fg + f][(ih + PH - u)/SH][(iw + PW - v)/SW]
+    // where both divisions are exact and in range
+    const int ohs = n_row + ${PH};
+    const int ows = n_col + ${PW};
+    const float* b_base = bsrc + (n_img * F + grp * Fg) * OHW;
+%   endif
+</%def>\
+<%def name="tap_source(step)">\
+## A tap-major slice's tap and this thread's first source element (tile row
+## kr = 0 of its column); kstep is the source step of `step` k.
+            // the whole slice is tap t = k0 / CK; this thread's n is fixed
+            const int tap = k0 / ${"Cg" if op == "fwdtm" else "Fg"};
+            const int kc0 = k0 - tap * ${"Cg" if op == "fwdtm" else "Fg"};
+            const int u = tap / ${KW};
+            const int v = tap - u * ${KW};
+%   if op == "fwdtm":
+            // b_offset(fwdtm): x[n_img][grp*Cg + kc0 + kr][ih0 + u][iw0 + v]
+            const int ih = ih0 + u;
+            const int iw = iw0 + v;
+            const bool ok = n_ok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            const float* src0 = b_base + kc0 * HW + ih * W + iw;
+            const int kstep = ${step} * HW;
+%   else:
+            // b_offset(dgradtm): dy[n_img][grp*Fg + kc0 + kr][oh][ow] where
+            // oh = (ih + PH - u)/SH, ow = (iw + PW - v)/SW are exact and in range
+            const unsigned ohn = (unsigned)(ohs - u);
+            const unsigned own = (unsigned)(ows - v);
+            const unsigned oh = ohn / ${SH};
+            const unsigned ow = own / ${SW};
+            const bool ok = n_ok && oh * ${SH} == ohn && ow * ${SW} == own
+                            && oh < (unsigned)OH && ow < (unsigned)OW;
+            const float* src0 = b_base + kc0 * OHW + (int)oh * OW + (int)ow;
+            const int kstep = ${step} * OHW;
+%   endif
+</%def>\
+<%def name="wgmma_mainloop()">\
+## The WGMMA = 1 main loop (see "wgmma" in the doc block): leaves C's tile in
+## acc[0][i][q], the layout of the mma.sync loop's acc[mt][nt][q] with MT = 1.
+<%
+CSTEP = "HW" if op == "fwdtm" else "OHW"
+%>\
+    // ---- wgmma main loop ----
+    const u32 smem0 = (smem_addr(As) + 1023u) & ~1023u;  // stage s at + s * STAGE_BYTES
+    const int wg = warp >> 2;  // this warpgroup's rows: 64 * wg .. + 63
+    // A: 16-byte copies of row wgmma_a_row(tid, e), k = a_k .. a_k + 3
+    const int a_k = wgmma_a_k(tid);
+    // a_offset(tap-major): wp[grp*rows + m][k], a row of K permuted weights
+    const float* a_base = asrc + grp * ${"Fg" if op == "fwdtm" else "Cg"} * K;
+    // B: this thread's column for all its copies, its pixel decoded once
+    const int bn_n = wgmma_b_col(tid);
+${b_pixel()}\
+
+    auto load_tile = [&](int stage, int k0) {
+        const u32 as = smem0 + stage * ${STAGE_BYTES};
+        const u32 bs = as + ${A_BYTES};
+        {
+            // the 4 k of a vector lie in [k_begin, k_end) (K % BK == 0)
+            const int ka = k0 + a_k;
+            const bool ka_ok = ka < k_end;
+#pragma unroll
+            for (int e = 0; e < ${BM * 8 // THREADS}; ++e) {
+                const int r = wgmma_a_row(tid, e);
+                const int m = m0 + r;
+                const bool ok = ka_ok && m < M;
+                cp_async16(as + sw128_offset(r, a_k), ok ? a_base + m * K + ka : asrc, ok);
+            }
+        }
+        {
+${tap_source(1)}\
+#pragma unroll
+            for (int c = 0; c < ${BK // 4}; ++c)
+#pragma unroll
+                for (int s = 0; s < ${4 // TPN}; ++s) {
+                    const int kr = wgmma_b_k(tid, c, s);
+                    cp_async4(bs + sw128_offset(bn_n, kr), ok ? src0 + kr * kstep : bsrc, ok);
+                }
+        }
+    };
+
+    float acc[1][${NACC // 4}][4];
+#pragma unroll
+    for (int i = 0; i < ${NACC // 4}; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[0][i][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < ${AHEAD}; ++s) {
+        if (s < ktiles) load_tile(s, k_begin + s * ${BK});
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+        cp_async_wait<${AHEAD - 1}>();  // tile kt has landed (this thread's part)
+        fence_proxy_async();  // ... and is visible to the wgmmas' async proxy
+        __syncthreads();  // everyone's part; every warpgroup is done with tile kt - 2
+        const u32 stage = smem0 + (kt % ${STAGES}) * ${STAGE_BYTES};
+        const u32 as = stage + wg * ${64 * ROWB};
+        const u32 bs = stage + ${A_BYTES};
+        fence_acc(acc[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < ${BK // 8}; ++kk)  // a k8 step is 32 bytes of each row
+            wgmma_tf32(acc[0], gmma_desc_sw128(as + kk * 32), gmma_desc_sw128(bs + kk * 32));
+        wgmma_commit();
+        fence_acc(acc[0]);
+        // into the stage of tile kt - 2: no wgmma reads it any more
+        const int next = kt + ${AHEAD};
+        if (next < ktiles) load_tile(next % ${STAGES}, k_begin + next * ${BK});
+        cp_async_commit();
+        wgmma_wait<1>();  // this warpgroup's wgmmas of tile kt - 1 are done
+        fence_acc(acc[0]);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc[0]);
+    cp_async_wait<0>();
+</%def>\
