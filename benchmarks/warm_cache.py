@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_conv import LAYERS  # noqa: E402
 
 
-def conv_specs(batches: list[int], precisions: list[str]) -> list:
+def conv_specs(
+    batches: list[int], precisions: list[str], capability: tuple[int, int] | None
+) -> list:
     from cc2ops.cuda import conv
 
     specs = []
@@ -35,7 +37,8 @@ def conv_specs(batches: list[int], precisions: list[str]) -> list:
                                  (p, p), 1)  # fmt: skip
             for op in ("filter_acts", "image_acts", "weight_acts"):
                 for prec in precisions:
-                    specs.extend(conv.kernel_specs(op, g, np.float32, prec))
+                    specs.extend(conv.kernel_specs(op, g, np.float32, prec,
+                                                   capability=capability))  # fmt: skip
     return specs
 
 
@@ -48,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from cc2ops.cuda.compile import cache_dir, precompile
 
+    # the arch's own candidates too (wgmma tiles for sm_90)
+    digits = args.arch.removeprefix("sm_").rstrip("abcdefghijklmnopqrstuvwxyz")
+    capability = (int(digits[:-1]), int(digits[-1]))
     specs = conv_specs(
-        [int(b) for b in args.batches.split(",")], args.precisions.split(",")
+        [int(b) for b in args.batches.split(",")],
+        args.precisions.split(","),
+        capability,
     )
     t0 = time.perf_counter()
     ran = precompile(specs, arch=args.arch, jobs=args.jobs)

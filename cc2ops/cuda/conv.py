@@ -761,17 +761,22 @@ _IM2COL = tuple(Im2colGemm("knp", m) for m in CHUNK_BUDGETS_MIB) + (
 
 
 def _candidates(
-    op: str, g: ConvGeometry, dtype: Any, precision: str, device: int | None = None
+    op: str,
+    g: ConvGeometry,
+    dtype: Any,
+    precision: str,
+    device: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> list[Any]:
     """The applicable algorithms of ``op``, the default first. With a
-    ``device``, also the tiles only its compute capability runs (wgmma on
-    9.0); without one, only the portable candidates."""
+    ``device`` (or a ``capability`` given as ``(major, minor)``, for building
+    kernels ahead without one), also the tiles only that compute capability
+    runs (wgmma on 9.0); without either, only the portable candidates."""
     out = [a for a in _IM2COL if a.applies(op, g, dtype, precision)]
     out.sort(key=lambda a: a.name != DEFAULT_ALGORITHM)
     mod = _conv_igemm()
     if mod is not None and Igemm().applies(op, g, dtype, precision):
-        capability = None
-        if device is not None:
+        if capability is None and device is not None:
             from cc2ops.cuda.device import get_device
 
             capability = tuple(get_device(device).compute_capability)
@@ -792,16 +797,17 @@ def kernel_specs(
     dtype: Any,
     precision: str | None = None,
     device: int | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> list[KernelSpec]:
     """Every kernel the applicable algorithms of ``op`` on ``g`` may launch
-    (for :func:`cc2ops.cuda.compile.precompile`); ``device`` adds those of
-    the candidates only its compute capability runs (see
-    :func:`algorithm_names`)."""
+    (for :func:`cc2ops.cuda.compile.precompile`); ``device`` (or
+    ``capability``, ``(major, minor)``, without a device) adds those of the
+    candidates only that compute capability runs (see :func:`algorithm_names`)."""
     if op not in _OPS:
         raise ValueError(f"conv: op must be one of {_OPS}, got {op!r}")
     prec = resolve_precision(dtype, precision)
     specs: list[KernelSpec] = []
-    for alg in _candidates(op, g, dtype, prec, device):
+    for alg in _candidates(op, g, dtype, prec, device, capability):
         specs.extend(alg.kernel_specs(op, g, dtype, prec))
     return specs
 

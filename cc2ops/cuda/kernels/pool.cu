@@ -33,6 +33,7 @@ to its window's y scans the window's earlier taps, which happens about once
 per window.
 </%doc>
 <%include file="common.cuh"/>
+<%include file="async_copy.cuh"/>
 <%
 T = dtype
 I = "index_t" if wide else "unsigned int"
