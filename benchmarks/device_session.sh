@@ -14,7 +14,7 @@
 #   sanitize    compute-sanitizer memcheck and racecheck on the -k sanitize tests
 #               (or -k "$SANITIZE_K"), each stage with the given limit
 #   conv layers step multi_gpu   the benchmarks (results to $OUT/results)
-#   sweeppool   benchmarks/sweep_pool.py (pooling launch parameters) -> logs/
+#   sweeppool sweepsoftmax   benchmarks/sweep_*.py (launch parameters) -> logs/
 #   cache       the cubin cache (no autotune choices) as $OUT/kcache.tar.gz (bring it
 #               along next time as .devkit/kcache.tar.gz: it is unpacked first)
 # The cubin cache is $CC2OPS_CACHE_DIR (default /tmp/cc2ops-kcache).
@@ -97,6 +97,10 @@ for arg in "$@"; do
     sweeppool)
         run_stage sweep_pool "$limit" python3 benchmarks/sweep_pool.py \
             --out "$L/sweep_pool.json"
+        ;;
+    sweepsoftmax)
+        run_stage sweep_softmax "$limit" python3 benchmarks/sweep_softmax.py \
+            --out "$L/sweep_softmax.json"
         ;;
     step)
         run_stage bench_step "$limit" python3 benchmarks/bench_step.py \
