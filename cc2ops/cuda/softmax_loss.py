@@ -17,10 +17,10 @@ module functions :func:`softmax_cross_entropy_forward`,
 GPUArrays (what ``perform`` runs; benchmarks call them directly).
 
 How the forward spreads a row: the gradient and the top-k error run one
-block per row. The forward cuts each row into S chunks (:func:`forward_splits`:
-S = 1 when the rows alone give 4 blocks per SM or are short; 128 x 21841
-float32 on 132 SMs gets S = 6, 768 blocks of 256 threads, one wave) and
-reads them with 16-byte loads (a scalar head and tail around the row's
+block per row. The forward cuts each row into S chunks when there are too
+few rows to give every SM work (:func:`forward_splits`: S = 1 from B = SMs/2
+rows up, so 128 x 21841 on an H200 runs one block per row) and reads them
+with 16-byte loads (a scalar head and tail around the row's
 16-byte-aligned middle, so odd K are vectorised too). With S > 1 the chunks'
 partial states go to a per-device workspace; the last chunk of a row to
 finish (a per-row arrival counter) combines them in chunk order, so the
@@ -205,23 +205,21 @@ def forward_splits(b: int, k: int, itemsize: int, multiprocessors: int) -> int:
 
     Notes
     -----
-    S = 1 when the rows alone give 4 blocks per SM, or when a row has fewer
-    than two chunks of 8 KiB (splitting a short row adds the combine's
-    latency and saves little). Otherwise S is the larger of ceil(4 SMs / B)
-    (at least 4 blocks per SM overall) and the chunks of 16 KiB that let
-    each thread read its share in one batch of four 16-byte loads, the
-    latter only as far as the grid stays one wave of 6 blocks per SM; S never
-    gives a chunk under 8 KiB. 128 x 21841 float32 on 132 SMs: S = 6.
+    S = 1 when the rows alone give at least one block to half of the SMs, or
+    when a row has fewer than two chunks of 8 KiB; otherwise about one block
+    per SM, S = ceil(SMs / B), as far as no chunk is under 8 KiB. Measured
+    on an H200 (``benchmarks/sweep_softmax.py``): at 128 x 21841 float32 one
+    block per row takes 6.2 us and 2, 3, 6 chunks per row 6.2, 6.4, 7.6 us,
+    the combine (fence, arrival count, partial reads) costing what the extra
+    blocks save once every SM has a row; with few rows, one block per row
+    leaves most SMs idle.
     """
     b, k = int(b), int(k)
-    want = 4 * int(multiprocessors)
+    sms = int(multiprocessors)
     row = k * int(itemsize)
-    if b < 1 or b >= want or row < 2 * _MIN_CHUNK:
+    if b < 1 or 2 * b >= sms or row < 2 * _MIN_CHUNK:
         return 1
-    fill = -(-want // b)
-    batch = -(-row // (SPLIT_BLOCK * 16 * 4))
-    wave = max(1, 6 * int(multiprocessors) // b)
-    return max(1, min(row // _MIN_CHUNK, max(fill, min(batch, wave))))
+    return max(1, min(row // _MIN_CHUNK, -(-sms // b)))
 
 
 def forward_vector_width(

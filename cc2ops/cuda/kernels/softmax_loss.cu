@@ -230,7 +230,6 @@ extern "C" __global__ void ${name}(
     T* __restrict__ loss, index_t B, index_t K, index_t S,
     T* part, unsigned int* count, unsigned int* flag)
 {
-    __shared__ bool last;
     const T ninf = cc2_neg_inf(T(0));
     for (index_t unit = blockIdx.x; unit < B * S; unit += gridDim.x) {
         const index_t row = unit / S, p = unit - row * S;
@@ -305,6 +304,7 @@ extern "C" __global__ void ${name}(
         if (S == 1) {
             if (threadIdx.x == 0) cc2_write_loss(st, row, K, xr, ${lab_arg}loss, flag);
         } else {
+            bool arrived = false;
             if (threadIdx.x == 0) {
                 T* w = part + unit * ${NS};
                 w[0] = st.m;
@@ -315,9 +315,10 @@ extern "C" __global__ void ${name}(
 % endif
                 // the state is visible device-wide before the count says so
                 __threadfence();
-                last = atomicAdd(count + row, 1u) == (unsigned int)(S - 1);
+                arrived = atomicAdd(count + row, 1u) == (unsigned int)(S - 1);
             }
-            __syncthreads();
+            // a barrier that also tells every thread whether thread 0 arrived last
+            const bool last = __syncthreads_or(arrived);
             if (last && threadIdx.x < 32) {
                 __threadfence();
                 // chunk order: lane l takes chunks l, l + 32, ...; then a fixed butterfly
@@ -339,7 +340,7 @@ extern "C" __global__ void ${name}(
                 }
             }
         }
-        __syncthreads();  // `last` and the reduction's shared memory are reused
+        __syncthreads();  // the reduction's shared memory is reused
     }
 }
 % elif kind == "xent_grad":
