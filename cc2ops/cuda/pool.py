@@ -10,7 +10,13 @@ the GPU. ``@register_lift`` rules move the host ops here in
 ``cc2ops.cuda.mode()``.
 
 Kernels (``kernels/pool.cu``) are specialised on the window, stride, start,
-dtype and index width, e.g. ``max_pool_fwd_s3_st2_f32``. The module-level
+dtype and index width, e.g. ``max_pool_fwd_s3_st2_f32``. Where whole planes
+fit in shared memory the plane kernels run instead: the forward ones are also
+specialised on the plane geometry (``max_pool_fwd_plane_s3_st2_f32_54x54_p2_v16``)
+and run one persistent wave of blocks, each copying its next group of planes
+in with ``cp.async`` while it pools the current one (about 6144 pixels per
+group, :data:`_PLANE_PIXELS`: 72-77 % of the H200's copy ceiling at AlexNet's
+sizes, ``benchmarks/sweep_pool.py``). The module-level
 functions :func:`max_pool_forward`, :func:`max_pool_grad`,
 :func:`max_pool_grad_grad`, :func:`avg_pool_forward` and :func:`avg_pool_grad`
 launch them on GPUArrays (what ``perform`` runs; benchmarks call them
