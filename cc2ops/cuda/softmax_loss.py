@@ -399,6 +399,17 @@ def new_label_flag(device: int) -> Any:
     return array.full((1,), _NO_ERROR, np.uint32, device)
 
 
+def _kernel(
+    kind: str, x: Any, t: Any, soft: bool, block: int, vec: int, device: int
+) -> Any:
+    """The ``kind`` kernel for logits ``x`` and targets ``t`` (labels or soft)."""
+    label = "int64" if soft else str(t.dtype)
+    consts = _consts(kind, str(x.dtype), soft, label, block, vec)
+    # 1024 threads per block fit the register file only with <= 64 registers
+    options = ("-maxrregcount=64",) if block > 512 else ()
+    return get_kernel("softmax_loss", device, options=options, **consts)
+
+
 def _run(
     kind: str,
     x: Any,
@@ -416,11 +427,7 @@ def _run(
     if b == 0:
         return flag
     block = block_size(k)
-    label = "int64" if soft else str(t.dtype)
-    consts = _consts(kind, str(x.dtype), soft, label, block)
-    # 1024 threads per block fit the register file only with <= 64 registers
-    options = ("-maxrregcount=64",) if block > 512 else ()
-    fn = get_kernel("softmax_loss", device, options=options, **consts)
+    fn = _kernel(kind, x, t, soft, block, 1, device)
     grid = min(b, 2**31 - 1)
     args = [*pre, x, t, out, np.int64(b), np.int64(k), *post, flag]
     launch(fn, grid, block, args, device)
@@ -442,11 +449,7 @@ def _forward(
     block = SPLIT_BLOCK if splits > 1 else block_size(k)
     t_ptr = array.ptr(t) if soft else None
     vec = forward_vector_width(array.ptr(x), t_ptr, itemsize, soft)
-    label = "int64" if soft else str(t.dtype)
-    consts = _consts("xent_fwd", str(x.dtype), soft, label, block, vec)
-    # 1024 threads per block fit the register file only with <= 64 registers
-    options = ("-maxrregcount=64",) if block > 512 else ()
-    fn = get_kernel("softmax_loss", device, options=options, **consts)
+    fn = _kernel("xent_fwd", x, t, soft, block, vec, device)
     count = part = 0
     if splits > 1:
         part_bytes = b * splits * (4 if soft else 2) * itemsize
