@@ -74,6 +74,18 @@ the descriptors, the copy maps and the accumulator map are specified here
 :func:`wgmma_load_map`, :func:`wgmma_accumulator_map`) and
 :func:`emulate_wgmma_block` multiplies a tile through them.
 
+The tiles of :data:`WGMMA_WGRAD_TILES` run ``weight_acts`` the same way,
+one filter tap per block (op ``"wgradtm"``): per tap ``(u, v)`` a GEMM of
+M = F/g filters, N = C/g channels and K = B*Ho*Wo pixels, both operands
+K-major in global memory (dy's rows, and x's shifted rows), so both are
+copied as A is above; the grid covers M and N tiles, taps, groups and
+split-K slices of the pixels (:func:`_split_k`: about two waves of resident
+blocks), the partials summed by the existing reduction. dy is copied with
+16-byte ``cp.async`` wherever 4 pixels of a row are one aligned run of one
+image, else 4-byte; both are truncated to TF32 by the tensor cores.
+:func:`wgrad_copies` specifies the copies and :func:`emulate_wgrad_wgmma`
+computes the pass through them.
+
 Interface
 ---------
 The conv GPU ops (``cc2ops.cuda.conv``) call :func:`supports`,
@@ -126,6 +138,7 @@ __all__ = [
     "TILES",
     "TAP_TILES",
     "WGMMA_TILES",
+    "WGMMA_WGRAD_TILES",
     "WGMMA_CAPABILITY",
     "tap_channels",
     "tapmajor_ok",
@@ -150,6 +163,8 @@ __all__ = [
     "wgmma_load_map",
     "wgmma_accumulator_map",
     "emulate_wgmma_block",
+    "wgrad_copies",
+    "emulate_wgrad_wgmma",
     "plan",
     "supports",
     "kernel_spec",
@@ -202,7 +217,11 @@ class TileConfig:
     ``bn`` columns, so ``wm = bm/16`` and ``wn = 1`` (a warp's accumulators
     are 16 rows of the tile, as a ``16 x bn`` warp tile of ``mma.sync``);
     ``bk = 32`` (a 128-byte operand row), ``stages >= 3`` (the ring runs
-    ``stages - 2`` tiles ahead and one wgmma group stays in flight).
+    ``stages - 2`` tiles ahead and one wgmma group stays in flight). With
+    ``weight_acts`` a ``wgmma`` tile is the tap-major weight gradient (one
+    filter tap per block, any channel count; see the module's notes), which
+    also copies ``bm`` and ``bn`` rows in 8-thread groups
+    (:meth:`valid_wgrad`).
     """
 
     bm: int
@@ -248,6 +267,17 @@ class TileConfig:
             and self.stages >= 3
         )
 
+    def valid_wgrad(self) -> bool:
+        """Whether this tile runs the tap-major weight gradient (``wgmma`` and
+        both operands' rows in whole passes of ``threads/8`` rows)."""
+        t = self.threads
+        return (
+            self.wgmma
+            and self.valid()
+            and (self.bm * 8) % t == 0
+            and (self.bn * 8) % t == 0
+        )
+
     @property
     def warp_tile(self) -> tuple[int, int]:
         return self.bm // self.wm, self.bn // self.wn
@@ -282,7 +312,7 @@ class TileConfig:
         the epilogue's staging buffers reuse it (and enlarge it if they need to).
         ``wgmma`` stages start at a 1024-byte boundary: 1024 bytes of slack."""
         a, b = self.smem_floats(op)
-        table = 16 * self.bn if op == "weight_acts" else 0
+        table = 16 * self.bn if op == "weight_acts" and not self.wgmma else 0
         pipeline = 4 * self.stages * (a + b) + table + (1024 if self.wgmma else 0)
         if self.stage_c and self.can_stage_c():
             return max(pipeline, 4 * self.stage_c_floats())
@@ -331,6 +361,16 @@ WGMMA_TILES = (
     _wg(128, 256, 4),  # 2 warpgroups of 64 x 256, 193 KiB
     _wg(128, 128, 3),  # 97 KiB: two blocks per SM
     _wg(64, 128, 4),  # 1 warpgroup, M = 64; 97 KiB: two blocks per SM
+)
+
+#: Hopper warpgroup-MMA tiles of the tap-major weight gradient (op
+#: ``"wgradtm"``), offered for ``weight_acts`` in TF32 on compute capability
+#: 9.0 only: M is filters, N channels per group.
+WGMMA_WGRAD_TILES = (
+    _wg(128, 128, 4),  # 129 KiB: one block per SM (conv3..conv5)
+    _wg(128, 64, 4),  # 97 KiB: two blocks per SM; N = 64 (conv2)
+    _wg(64, 128, 4),  # 1 warpgroup, 97 KiB: two blocks per SM
+    _wg(64, 64, 4),  # 1 warpgroup, 65 KiB: small M and N
 )
 
 
@@ -422,8 +462,25 @@ def tap_channels(op: str, g: ConvGeometry) -> int:
 
 def tapmajor_ok(op: str, g: ConvGeometry, config: TileConfig) -> bool:
     """Whether the tap-major kernel applies: its ``bk``-deep K slices must each
-    lie within one tap, so ``bk`` must divide :func:`tap_channels`."""
+    lie within one tap, so ``bk`` must divide :func:`tap_channels`.
+    ``weight_acts``: the tap-major weight gradient (a tap per block) exists
+    as a ``wgmma`` kernel only, and applies to any shape."""
+    if op == "weight_acts":
+        return config.valid_wgrad()
     return op in ("filter_acts", "image_acts") and tap_channels(op, g) % config.bk == 0
+
+
+def _is_wgradtm(op: str, config: TileConfig) -> bool:
+    return op == "weight_acts" and config.wgmma
+
+
+def _kernel_gemm(op: str, g: ConvGeometry, config: TileConfig) -> tuple[int, int, int]:
+    """``(M, N, K)`` of the kernel's GEMM: :func:`gemm_shape`, but per tap
+    ``(F/g, C/g, B*Ho*Wo)`` for the tap-major weight gradient."""
+    if _is_wgradtm(op, config):
+        d = _dims(g)
+        return d["Fg"], d["Cg"], d["B"] * d["OH"] * d["OW"]
+    return gemm_shape(op, g)
 
 
 def permuted_weights(op: str, g: ConvGeometry, w: np.ndarray) -> np.ndarray:
@@ -552,15 +609,28 @@ def b_offset(
 
 
 def c_offset(
-    op: str, g: ConvGeometry, grp: int, m: np.ndarray, n: np.ndarray, split: int = 0
+    op: str,
+    g: ConvGeometry,
+    grp: int,
+    m: np.ndarray,
+    n: np.ndarray,
+    split: int = 0,
+    tap: int | None = None,
 ) -> np.ndarray:
     """Flat offset into the output (y, dx, dw or split-K partials) of ``C[m, n]``.
 
     Only for ``m < M``, ``n < N`` (the kernel's stores are predicated so).
     ``weight_acts`` partials of slice ``split`` start at ``split*F*N``.
+    ``tap`` (the tap-major weight gradient's GEMM of filter tap ``tap = u*kw
+    + v``, n a channel): ``dw[grp*Fg + m][n][tap]``, the kernel's ``(grp*Fg +
+    m)*N*KHKW + tap`` plus ``n*KHKW``.
     """
     d = _dims(g)
     m, n = np.broadcast_arrays(np.asarray(m, np.int64), np.asarray(n, np.int64))
+    if tap is not None:
+        khkw = d["KH"] * d["KW"]
+        size = d["F"] * d["Cg"] * khkw
+        return split * size + (grp * d["Fg"] + m) * d["Cg"] * khkw + tap + n * khkw
     if op == "filter_acts":
         ohw = d["OH"] * d["OW"]
         img = _div(n, ohw)
@@ -621,6 +691,8 @@ def emulate(
     element of the output must be written exactly once per slice.
     """
     config = config or TILES[0]
+    if _is_wgradtm(op, config):
+        return emulate_wgrad_wgmma(g, a, b, config=config, splits=splits)
     tm = config.tapmajor
     if tm:
         if not tapmajor_ok(op, g, config):
@@ -942,7 +1014,9 @@ def gmma_address(desc: int, row: Any, k: Any) -> np.ndarray:
     return addr ^ (((addr >> 7) & 7) << 4)
 
 
-def wgmma_load_map(config: TileConfig, operand: str) -> tuple[np.ndarray, np.ndarray]:
+def wgmma_load_map(
+    config: TileConfig, operand: str, op: str = "filter_acts"
+) -> tuple[np.ndarray, np.ndarray]:
     """(row, k) of every element each thread copies: arrays (threads, copies).
 
     The kernel's ``wgmma_a_row``/``wgmma_a_k`` and ``wgmma_b_col``/``wgmma_b_k``.
@@ -951,10 +1025,23 @@ def wgmma_load_map(config: TileConfig, operand: str) -> tuple[np.ndarray, np.nda
     thread t is column ``t % 8 + 8*(t // (8*tpn))``, ``tpn = threads/bn``;
     copy ``(c, s)`` (element ``c*(4/tpn) + s``) is k ``4c + ((t // 8 +
     tpn*s) % 4)``.
+
+    ``op="weight_acts"`` (the tap-major weight gradient, the kernel's
+    ``wgmma_wgrad_k``): A and B alike, element ``4e + s`` of thread t is row
+    ``t // 8 + e*threads/8``, k ``4*(t % 8) + ((s + t // 8) % 4)`` (the same
+    4 elements as A's vector, rotated so that a warp's 4-byte copies hit 32
+    banks).
     """
     t = config.threads
     tid = np.arange(t)[:, None, None]
-    if operand == "A":
+    if op == "weight_acts" and operand in ("A", "B"):
+        rows = config.bm if operand == "A" else config.bn
+        e = np.arange(rows * 8 // t)[None, :, None]
+        s = np.arange(4)[None, None, :]
+        r, k = np.broadcast_arrays(
+            tid // 8 + e * (t // 8), 4 * (tid % 8) + wgrad_rot(tid, s)
+        )
+    elif operand == "A":
         e = np.arange(config.bm * 8 // t)[None, :, None]
         i = np.arange(4)[None, None, :]
         r, k = np.broadcast_arrays(tid // 8 + e * (t // 8), 4 * (tid % 8) + i)
@@ -968,6 +1055,11 @@ def wgmma_load_map(config: TileConfig, operand: str) -> tuple[np.ndarray, np.nda
     else:
         raise ValueError(f"conv_igemm.wgmma_load_map: operand A or B, got {operand!r}")
     return r.reshape(t, -1), k.reshape(t, -1)
+
+
+def wgrad_rot(tid: Any, s: Any) -> np.ndarray:
+    """The residue of copy ``s`` of thread ``tid`` in its 16-byte chunk (wgradtm)."""
+    return (np.asarray(s) + np.asarray(tid) // 8) & 3
 
 
 def wgmma_accumulator_map(lane: int, warp: int, bn: int) -> np.ndarray:
@@ -988,6 +1080,7 @@ def emulate_wgmma_block(
     b_tile: np.ndarray,
     base: int = 0,
     stage: int | None = None,
+    op: str = "filter_acts",
 ) -> np.ndarray:
     """One block's product of one stage through the wgmma kernel's data path.
 
@@ -1000,7 +1093,8 @@ def emulate_wgmma_block(
     accumulators (:func:`wgmma_accumulator_map`) go to C as the epilogue
     stores them (:func:`fragment_map`'s ``c_mn``). Returns C (bm, bn). Raises
     if a copy or a read leaves its operand's stage, two copies collide, or a
-    read finds no copied element.
+    read finds no copied element. ``op="weight_acts"``: the copy maps of the
+    tap-major weight gradient.
     """
     if not (config.wgmma and config.valid()):
         raise ValueError(f"conv_igemm: {config} is not a valid wgmma tile")
@@ -1014,7 +1108,7 @@ def emulate_wgmma_block(
         raise AssertionError("conv_igemm: a wgmma stage past the shared memory")
     smem = np.full((base + config.shared_bytes("filter_acts")) // 4, np.nan)
     for operand, start, size in (("A", a_st, a_bytes), ("B", b_st, b_bytes)):
-        r, k = wgmma_load_map(config, operand)
+        r, k = wgmma_load_map(config, operand, op)
         addr = start + wgmma_smem_offset(r, k)
         if addr.min() < start or addr.max() + 4 > start + size:
             raise AssertionError(
@@ -1047,6 +1141,160 @@ def emulate_wgmma_block(
                 cmn = cmn["c_mn"][0]
                 out[cmn[..., 0], cmn[..., 1]] = d[acc[..., 0], acc[..., 1]]
     return out
+
+
+def wgrad_copies(
+    config: TileConfig,
+    g: ConvGeometry,
+    grp: int,
+    tap: int,
+    m0: int,
+    n0: int,
+    k0: int,
+    k_end: int,
+    aligned: bool = True,
+) -> dict:
+    """The global sources of one stage's copies of a tap-major weight-gradient
+    block (the kernel's ``wgrad_load_tile``): group ``grp``, filter tap ``tap =
+    u*kw + v``, tile rows ``m0`` (filters) and ``n0`` (channels), k tile
+    ``k0`` of a slice ending at ``k_end``.
+
+    Element ``4e + s`` of thread t copies pixel ``k0 + k`` with (row, k) from
+    :func:`wgmma_load_map` (``op="weight_acts"``); the thread decodes its 4
+    pixels ``k = (img*Ho + oh)*Wo + ow`` once (``wgrad_pixels``): A's offset
+    ``dy[img][grp*Fg + m][oh][ow]``, B's ``x[img][grp*Cg + n][oh*sh - ph +
+    u][ow*sw - pw + v]``, predicated by ``k < k_end``, the row inside M (N)
+    and, for B, the pixel inside the image. ``vec`` (threads, rows): the row
+    takes one 16-byte copy (``aligned``: dy's pointer is 16-byte aligned; the
+    4 pixels one run of one image inside the slice; the run's offset a
+    multiple of 4), which must land the same 4 elements as the 4-byte copies.
+
+    Returns ``a``, ``b``: dicts of ``row``, ``k``, ``off``, ``ok`` (threads,
+    copies), and ``vec``, ``vec_off`` (threads, A rows per thread).
+    """
+    d = _dims(g)
+    t = config.threads
+    big_m, big_n, _ = _kernel_gemm("weight_acts", g, config)
+    tid = np.arange(t)[:, None, None]
+    s = np.arange(4)[None, None, :]
+    k = k0 + 4 * (tid % 8) + wgrad_rot(tid, s)  # (t, 1, 4)
+    ohw, hw = d["OH"] * d["OW"], d["H"] * d["W"]
+    img = _div(k, ohw)
+    pix = k - img * ohw
+    oh = _div(pix, d["OW"])
+    ow = pix - oh * d["OW"]
+    u = tap // d["KW"]
+    v = tap - u * d["KW"]
+    ih = oh * d["SH"] - d["PH"] + u
+    iw = ow * d["SW"] - d["PW"] + v
+    k_ok = k < k_end
+    b_ok = k_ok & (ih >= 0) & (ih < d["H"]) & (iw >= 0) & (iw < d["W"])
+    a_off = img * d["F"] * ohw + pix
+    b_off = (img * d["C"] * hw) + ih * d["W"] + iw
+    out: dict = {}
+    for operand, rows, lim, r0, off, ok, rstride, rbase in (
+        ("a", config.bm, big_m, m0, a_off, k_ok, ohw, grp * d["Fg"]),
+        ("b", config.bn, big_n, n0, b_off, b_ok, hw, grp * d["Cg"]),
+    ):
+        e = np.arange(rows * 8 // t)[None, :, None]
+        r = tid // 8 + e * (t // 8)  # (t, E, 1)
+        row_ok = r0 + r < lim
+        row = (rbase + r0 + r) * rstride
+        full = np.broadcast_to
+        shape = (t, r.shape[1], 4)
+        out[operand] = dict(
+            row=full(r, shape).reshape(t, -1),
+            k=full(k - k0, shape).reshape(t, -1),
+            off=full(off + row, shape).reshape(t, -1),
+            ok=full(ok & row_ok, shape).reshape(t, -1),
+        )
+        if operand == "a":
+            run = k_ok.all(axis=-1) & (img == img[..., :1]).all(axis=-1)  # (t, 1)
+            run_off = a_off[..., 0] - wgrad_rot(tid[..., 0], 0)  # pixel k0 + a_k
+            vec_off = run_off + row[..., 0]
+            vec = aligned & run & row_ok[..., 0] & (vec_off % 4 == 0)
+            out["a"]["vec"], out["a"]["vec_off"] = vec, vec_off
+    return out
+
+
+def emulate_wgrad_wgmma(
+    g: ConvGeometry,
+    dy: np.ndarray,
+    x: np.ndarray,
+    *,
+    config: TileConfig | None = None,
+    splits: int | None = 1,
+    aligned: bool = True,
+    num_sms: int = 132,
+) -> np.ndarray:
+    """``weight_acts`` computed through the tap-major wgmma kernel's maps, float64.
+
+    The grid of :func:`plan` (``splits=None``: its split-K rule for
+    ``num_sms``): per block (channel tile, filter tile, ``(split*kh*kw +
+    tap)*groups + grp``) and k tile of its slice, the operand tiles are
+    gathered through :func:`wgrad_copies` (each tile element copied exactly
+    once, 16-byte copies at the offsets of the 4-byte ones), multiplied, and
+    stored at :func:`c_offset` (``tap``) of the partials, which are summed in
+    slice order; every output element must be written once per slice.
+    """
+    config = config or WGMMA_WGRAD_TILES[0]
+    if not config.valid_wgrad():
+        raise ValueError(f"conv_igemm: {config} is not a wgmma weight-gradient tile")
+    d = _dims(g)
+    p = plan("weight_acts", g, "tf32", config, num_sms, splits, aligned)
+    khkw = d["KH"] * d["KW"]
+    size = math.prod(_out_shape("weight_acts", g))
+    out = np.full(p.splits * size, np.nan)
+    written = np.zeros(p.splits * size, dtype=np.int64)
+    flats = [np.asarray(t, np.float64).reshape(-1) for t in (dy, x)]
+    for bx, by, bz in np.ndindex(*p.grid):
+        grp = bz % d["G"]
+        tap = (bz // d["G"]) % khkw
+        split = bz // (d["G"] * khkw)
+        m0, n0 = by * config.bm, bx * config.bn
+        k_begin = split * p.k_chunk
+        k_end = min(p.k, k_begin + p.k_chunk)
+        acc = np.zeros((config.bm, config.bn))
+        for k0 in range(k_begin, k_end, config.bk):
+            cp = wgrad_copies(config, g, grp, tap, m0, n0, k0, k_end, aligned)
+            tiles = []
+            for key, flat, rows in (
+                ("a", flats[0], config.bm),
+                ("b", flats[1], config.bn),
+            ):
+                c = cp[key]
+                tile = np.full((rows, config.bk), np.nan)
+                tile[c["row"], c["k"]] = _gather(flat, c["off"], c["ok"])
+                if (
+                    np.isnan(tile).any()
+                    or len(np.unique(c["row"] * 32 + c["k"])) != tile.size
+                ):
+                    raise AssertionError(
+                        "conv_igemm: a wgrad tile element copied never or twice"
+                    )
+                tiles.append(tile)
+            a = cp["a"]
+            four = a["off"].reshape(*a["vec"].shape, 4)
+            run = a["vec_off"][..., None] + (
+                a["k"].reshape(four.shape)
+                - 4 * (np.arange(config.threads)[:, None, None] % 8)
+            )
+            if (a["vec"] & (four != run).any(axis=-1)).any() or (
+                a["vec_off"][a["vec"]] % 4
+            ).any():
+                raise AssertionError(
+                    "conv_igemm: a 16-byte dy copy reads other elements"
+                )
+            acc += tiles[0] @ tiles[1].T
+        m = m0 + np.arange(config.bm)[:, None]
+        n = n0 + np.arange(config.bn)[None, :]
+        store = (m < p.m) & (n < p.n)
+        off = c_offset("weight_acts", g, grp, m, n, split=split, tap=tap)[store]
+        out[off] = acc[store]
+        np.add.at(written, off, 1)
+    if not (written == 1).all():
+        raise AssertionError("conv_igemm.emulate: an output written never or twice")
+    return out.reshape(p.splits, size).sum(axis=0).reshape(_out_shape("weight_acts", g))
 
 
 # --------------------------------------------------------------------------
@@ -1088,10 +1336,19 @@ def _consts(
         )
     vec_ok = config.vec and config.can_vec() and aligned
     avec = a_vector_width(op, g, tm) if vec_ok else 1
-    if config.wgmma and (precision != "tf32" or avec != 4):
+    if _is_wgradtm(op, config):
+        # dy's rows: the kernel takes a 16-byte copy wherever a run of 4
+        # pixels is one aligned vector (wgrad_copies), given an aligned pointer
+        avec = 4 if vec_ok else 1
+    elif config.wgmma and (precision != "tf32" or avec != 4):
         raise ValueError(
             f"conv_igemm: wgmma tile {config.label} runs TF32 with 16-byte A copies "
             f"only, not precision {precision!r} with {4 * avec}-byte copies"
+        )
+    if _is_wgradtm(op, config) and precision != "tf32":
+        raise ValueError(
+            f"conv_igemm: wgmma tile {config.label} runs TF32 only, not precision "
+            f"{precision!r}"
         )
     consts = dict(
         op=_TAG[op] + ("tm" if tm else ""),
@@ -1159,10 +1416,31 @@ def _slices(big_k: int, bk: int, splits: int) -> tuple[int, int]:
     return k_chunk, -(-big_k // k_chunk)
 
 
+def _blocks_per_sm(config: TileConfig, op: str) -> int:
+    """Resident blocks per SM of a ``wgmma`` tile (the template's MIN_BLOCKS:
+    two where two stages' worth of shared memory fit in 228 KiB)."""
+    a, b = config.smem_floats(op)
+    return 2 if 2 * (4 * config.stages * (a + b) + 2048) <= 228 * 1024 else 1
+
+
 def _split_k(op: str, g: ConvGeometry, config: TileConfig, num_sms: int) -> int:
-    """Slices of K for ``weight_acts``: enough blocks for two per SM."""
+    """Slices of K for ``weight_acts``: enough blocks for two per SM.
+
+    The tap-major ``wgmma`` weight gradient: enough blocks (tiles x taps x
+    groups x slices) for two waves of the resident blocks
+    (:func:`_blocks_per_sm`), each slice at least 8 k tiles (256 pixels).
+    """
     if op != "weight_acts":
         return 1
+    if config.wgmma:
+        big_m, big_n, big_k = _kernel_gemm(op, g, config)
+        taps = int(g.kh) * int(g.kw) * int(g.groups)
+        tiles = -(-big_m // config.bm) * -(-big_n // config.bn) * taps
+        want = -(-2 * num_sms * _blocks_per_sm(config, op) // tiles)
+        splits = max(1, min(want, -(-big_k // config.bk) // 8, 64))
+        while splits > 1 and not _splits_fit(op, g, config, splits):
+            splits -= 1
+        return splits
     big_m, big_n, big_k = gemm_shape(op, g)
     tiles = -(-big_m // config.bm) * -(-big_n // config.bn) * int(g.groups)
     ktiles = -(-big_k // config.bk)
@@ -1184,6 +1462,16 @@ def default_config(op: str, g: ConvGeometry) -> TileConfig:
     if big_m <= 64:
         return TILES[2]
     return TILES[0]
+
+
+def _splits_fit(op: str, g: ConvGeometry, config: TileConfig, splits: int) -> bool:
+    """The workspace below 2^31 elements and the grid's z within its limit
+    (the tap-major weight gradient's z also counts the taps)."""
+    size = int(g.filters) * gemm_shape(op, g)[1]
+    z = splits * int(g.groups)
+    if _is_wgradtm(op, config):
+        z *= int(g.kh) * int(g.kw)
+    return splits * size <= _INDEX_LIMIT and z <= _GRID_YZ_LIMIT
 
 
 def _check_splits(op: str, g: ConvGeometry, splits: Any) -> int:
@@ -1218,6 +1506,9 @@ def plan(
 
     ``splits``: K slices of ``weight_acts`` (None: enough blocks for two per
     SM; an int forces that many, fewer only where slices would be empty).
+    The tap-major ``wgmma`` weight gradient (a :data:`WGMMA_WGRAD_TILES`
+    tile): grid (channel tiles, filter tiles, groups*kh*kw*splits), its
+    ``m``, ``n``, ``k`` those of one tap's GEMM (:func:`_kernel_gemm`).
     ``aligned``: whether A's pointer is 16-byte aligned (else no 16-byte
     copies).
     """
@@ -1230,16 +1521,23 @@ def plan(
     config = config or default_config(op, g)
     if not config.valid():
         raise ValueError(f"conv_igemm: tile {config} breaks the template's rules")
-    big_m, big_n, big_k = gemm_shape(op, g)
+    big_m, big_n, big_k = _kernel_gemm(op, g, config)
     if splits is None:
         splits = _split_k(op, g, config, num_sms)
     else:
         splits = _check_splits(op, g, splits)
+        if not _splits_fit(op, g, config, splits):
+            raise ValueError(
+                f"conv_igemm: splits={splits} exceeds the grid's z limit for the "
+                f"tap-major weight gradient on {g}"
+            )
     k_chunk, splits = _slices(big_k, config.bk, splits)
+    # the tap-major weight gradient: a block per filter tap too
+    taps = int(g.kh) * int(g.kw) if _is_wgradtm(op, config) else 1
     grid = (
         -(-big_n // config.bn),
         -(-big_m // config.bm),
-        int(g.groups) * splits,
+        int(g.groups) * taps * splits,
     )
     return Plan(
         op=op,
@@ -1290,7 +1588,8 @@ def supports(op: str, geometry: ConvGeometry, dtype: Any, precision: str) -> boo
     shapes = (*_in_shapes(op, geometry), _out_shape(op, geometry))
     sizes = [math.prod(s) for s in shapes]
     big_m, big_n, big_k = gemm_shape(op, geometry)
-    pad = max(max(t.bm, t.bn, t.bk) for t in TILES + TAP_TILES + WGMMA_TILES)
+    tiles = TILES + TAP_TILES + WGMMA_TILES + WGMMA_WGRAD_TILES
+    pad = max(max(t.bm, t.bn, t.bk) for t in tiles)
     if max(sizes) > _INDEX_LIMIT or max(big_n, big_k) + pad > _INDEX_LIMIT:
         return False
     return -(-big_m // min(t.bm for t in TILES)) <= _GRID_YZ_LIMIT
@@ -1308,9 +1607,9 @@ def variants(
     Each has the default data paths (``vec`` and ``stage_c`` on); tiles that
     differ only in those are distinguished by ``TileConfig.label``. The
     tap-major tiles of :data:`TAP_TILES` come next, where they apply, and
-    last the ``wgmma`` tiles of :data:`WGMMA_TILES`, for TF32 and only when
-    ``capability`` (the device's compute capability; None: unknown) is
-    :data:`WGMMA_CAPABILITY`.
+    last the ``wgmma`` tiles of :data:`WGMMA_TILES` (``weight_acts``:
+    :data:`WGMMA_WGRAD_TILES`), for TF32 and only when ``capability`` (the
+    device's compute capability; None: unknown) is :data:`WGMMA_CAPABILITY`.
     """
     if not supports(op, geometry, np.float32, precision):
         return []
@@ -1318,7 +1617,8 @@ def variants(
     out = [t for t in TILES if t.bm <= max(32, 2 * big_m)] or [TILES[-1]]
     tap = TAP_TILES
     if capability is not None and tuple(capability) == WGMMA_CAPABILITY:
-        tap += WGMMA_TILES if precision == "tf32" else ()
+        if precision == "tf32":
+            tap += WGMMA_WGRAD_TILES if op == "weight_acts" else WGMMA_TILES
     out += [
         t for t in tap if t.bm <= max(32, 2 * big_m) and tapmajor_ok(op, geometry, t)
     ]
@@ -1408,7 +1708,7 @@ def _recipe(
         red = get_kernel("conv_igemm", device, f"{p.consts['name']}_sum", **p.consts)
         blocks = min(-(-total // _REDUCE_BLOCK), 8 * dev.multiprocessors)
     perm, perm_blocks, perm_size = None, 0, 0
-    if p.config.tapmajor:
+    if p.consts["op"] in ("fwdtm", "dgradtm"):
         perm = get_kernel("conv_igemm", device, f"{p.consts['name']}_wperm", **p.consts)
         perm_size = d["F"] * d["Cg"] * d["KH"] * d["KW"]
         perm_blocks = min(-(-perm_size // _REDUCE_BLOCK), 8 * dev.multiprocessors)
@@ -1444,7 +1744,9 @@ def _run(
     if not array.is_c_contiguous(out):
         raise ValueError(f"conv_igemm.{op}: out must be C-contiguous")
     # tap-major kernels read the permuted copy, a fresh (aligned) allocation
-    aligned = array.ptr(a) % 16 == 0 or bool(config and config.tapmajor)
+    # (the tap-major weight gradient reads dy itself)
+    permuted = bool(config and config.tapmajor and op != "weight_acts")
+    aligned = array.ptr(a) % 16 == 0 or permuted
     r = _recipe(op, g, precision, device, config, splits, aligned)
     p = r.plan
     target = out
@@ -1584,4 +1886,12 @@ def _variants() -> list[dict[str, Any]]:
         _consts("image_acts", conv3, WGMMA_TILES[1], "tf32"),
         _consts("filter_acts", conv2, WGMMA_TILES[2], "tf32"),
         _consts("image_acts", conv2, replace(WGMMA_TILES[3], stage_c=False), "tf32"),
+        # the tap-major wgmma weight gradient: every tile shape, both dy copy
+        # paths (aligned or not), both epilogues, strides 1 and 4
+        _consts("weight_acts", conv3, WGMMA_WGRAD_TILES[0], "tf32"),
+        _consts("weight_acts", conv2, WGMMA_WGRAD_TILES[1], "tf32"),
+        _consts("weight_acts", conv1, WGMMA_WGRAD_TILES[2], "tf32", aligned=False),
+        _consts(
+            "weight_acts", res14, replace(WGMMA_WGRAD_TILES[3], stage_c=False), "tf32"
+        ),
     ]

@@ -25,7 +25,11 @@ descriptors and the accumulator map is the matrix product, that the C
 helpers of the rendered kernel compute the numpy spec (a host program built
 with nvcc), that the tiles compile for sm_90a and are offered only on
 compute capability 9.0. GPU tests (``-k wgmma``, on a 9.0 device) run every
-tile on a sweep of shapes and the AlexNet layers, and accumulate.
+tile on a sweep of shapes and the AlexNet layers, and accumulate. The
+tap-major wgmma weight gradient (``-k "wgmma and wgrad"``): its copies,
+split-K slices, taps and stores reproduce dW in numpy, its C copy map is the
+numpy one; on the GPU every tile on a sweep, AlexNet conv2..conv5, forced
+splits, misaligned dy, accumulate, a sanitize case.
 """
 
 from __future__ import annotations
@@ -514,7 +518,7 @@ def test_kernel_names_carry_the_specialisation():
 
     load_gpu_op_modules()
     names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
-    assert 4 <= len(names) <= 16 and len(set(names)) == len(names)
+    assert 4 <= len(names) <= 20 and len(set(names)) == len(names)
     for f, c in all_variants():
         if f == "conv_igemm":
             assert kernel_name(f, **c) == c["name"]
@@ -525,17 +529,24 @@ def test_kernel_names_carry_the_specialisation():
     for key, values in (*switches, ("WGMMA", {0, 1})):
         assert {c[key] for c in consts} == values, key
     wg = [c for c in consts if c["WGMMA"]]
-    assert {c["op"] for c in wg} == {"fwdtm", "dgradtm"}
-    assert {c["STAGE_C"] for c in wg} == {0, 1}
-    assert {(c["BM"], c["BN"], c["STAGES"]) for c in wg} == {
-        (t.bm, t.bn, t.stages) for t in ci.WGMMA_TILES
-    }
+    assert {c["op"] for c in wg} == {"fwdtm", "dgradtm", "wgradtm"}
+    for ops, tiles in (
+        ({"fwdtm", "dgradtm"}, ci.WGMMA_TILES),
+        ({"wgradtm"}, ci.WGMMA_WGRAD_TILES),
+    ):
+        these = [c for c in wg if c["op"] in ops]
+        assert {c["STAGE_C"] for c in these} == {0, 1}
+        assert {(c["BM"], c["BN"], c["STAGES"]) for c in these} == {
+            (t.bm, t.bn, t.stages) for t in tiles
+        }
+    assert {c["AVEC"] for c in wg if c["op"] == "wgradtm"} == {1, 4}
     assert all(c["name"].endswith("_wgmma_tf32") for c in wg)
     assert {c["op"] for c in consts if c["AVEC"] == 4} == {
         "fwd",
         "wgrad",
         "fwdtm",
         "dgradtm",
+        "wgradtm",
     }
 
 
@@ -705,6 +716,144 @@ def test_emulated_wgmma_index_maps_match_the_references(op, label):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
 
 
+# the tap-major wgmma weight gradient (op "wgradtm")
+
+WGRAD_IDS = {"ids": lambda t: t.label}
+
+
+def test_wgmma_wgrad_tiles_are_valid_and_fit_shared_memory():
+    assert len(ci.WGMMA_WGRAD_TILES) == len(set(ci.WGMMA_WGRAD_TILES))
+    for t in ci.WGMMA_WGRAD_TILES:
+        assert t.valid_wgrad() and t.wgmma and t.tapmajor
+        assert t.shared_bytes("weight_acts") == t.shared_bytes(
+            "filter_acts"
+        )  # no table
+        assert t.shared_bytes("weight_acts") <= 227 * 1024
+    assert not ci.TAP_TILES[0].valid_wgrad()  # mma.sync tiles have no tap-major wgrad
+    g = geom(2, 5, 7, 3, 3, 1, 1)  # any channel count
+    base = ci.WGMMA_WGRAD_TILES[0]
+    assert ci.tapmajor_ok("weight_acts", g, base)
+    assert not ci.tapmajor_ok("weight_acts", g, ci.TAP_TILES[1])
+    with pytest.raises(ValueError, match="runs TF32 only"):
+        ci.plan("weight_acts", g, "fp32", base)
+    p = ci.plan("weight_acts", g, "tf32", base)
+    assert p.consts["op"] == "wgradtm" and p.consts["WGMMA"] == 1
+    assert p.consts["AVEC"] == 4  # decided per vector by the kernel
+    assert ci.plan("weight_acts", g, "tf32", base, aligned=False).consts["AVEC"] == 1
+    assert "_wgradtm_" in p.consts["name"] and p.consts["name"].endswith("_wgmma_tf32")
+
+
+def test_plan_wgmma_wgrad_grid_and_split_k():
+    """A block per (channel tile, filter tile, tap, group, slice); the split
+    fills about two waves of resident blocks, slices of whole k tiles."""
+    for b in (32, 64, 128):
+        for layer in ("conv2", "conv3", "conv4", "conv5"):
+            g = geom(b, *ALEXNET[layer][1:])
+            for t in ci.WGMMA_WGRAD_TILES:
+                p = ci.plan("weight_acts", g, "tf32", t, num_sms=132)
+                taps = g.kh * g.kw
+                assert (p.m, p.n, p.k) == (g.filters, g.channels, b * g.out_h**2)
+                assert p.grid == (-(-p.n // t.bn), -(-p.m // t.bm), taps * p.splits)
+                assert p.k_chunk % 32 == 0 and p.k_chunk >= 8 * 32
+                assert (p.splits - 1) * p.k_chunk < p.k <= p.splits * p.k_chunk
+                resident = 132 * ci._blocks_per_sm(t, "weight_acts")
+                blocks = math.prod(p.grid)
+                assert (
+                    2 * resident <= blocks < 2 * resident + p.grid[0] * p.grid[1] * taps
+                )
+    g = geom(2, 64, 9, 64, 3, 1, 1, groups=2)
+    p = ci.plan("weight_acts", g, "tf32", ci.WGMMA_WGRAD_TILES[3], splits=3)
+    assert p.splits == 3 and p.grid == (1, 1, 2 * 9 * 3) and p.k_chunk == 64
+    assert ci.plan("weight_acts", g, "tf32", ci.WGMMA_WGRAD_TILES[3]).splits == 1
+    with pytest.raises(ValueError, match="grid's z limit"):
+        ci.plan("weight_acts", g, "tf32", ci.WGMMA_WGRAD_TILES[3], splits=4000)
+
+
+@pytest.mark.parametrize("config", ci.WGMMA_WGRAD_TILES, **WGRAD_IDS)
+def test_wgmma_wgrad_copies_cover_each_tile_once_free_of_bank_conflicts(config):
+    threads = config.threads
+    for operand, rows in (("A", config.bm), ("B", config.bn)):
+        r, k = ci.wgmma_load_map(config, operand, "weight_acts")
+        flat = np.sort((r * 32 + k).ravel())
+        np.testing.assert_array_equal(flat, np.arange(rows * 32), err_msg=operand)
+        # a thread's 4 copies of a row are one 16-byte chunk (A's vector)
+        rv, kv = r.reshape(threads, -1, 4), k.reshape(threads, -1, 4)
+        assert (rv == rv[..., :1]).all()
+        np.testing.assert_array_equal(
+            np.sort(kv, axis=-1) % 4, np.tile(np.arange(4), kv.shape[:2] + (1,))
+        )
+        assert (kv // 4 == (np.arange(threads) % 8)[:, None, None]).all()
+        for warp in range(threads // 32):
+            lanes = slice(32 * warp, 32 * warp + 32)
+            for c in range(r.shape[1]):
+                banks = ci.wgmma_smem_offset(r[lanes, c], k[lanes, c]) // 4 % 32
+                assert len(set(banks)) == 32, (operand, warp, c)
+
+
+@pytest.mark.parametrize("config", ci.WGMMA_WGRAD_TILES, **WGRAD_IDS)
+def test_emulated_wgmma_wgrad_block_reproduces_the_product(config):
+    r = np.random.default_rng(7)
+    a = r.standard_normal((config.bm, 32))
+    b = r.standard_normal((32, config.bn))
+    for base, stage in ((0, None), (16, 0), (1008, 2)):
+        got = ci.emulate_wgmma_block(config, a, b, base, stage, op="weight_acts")
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+
+
+#: The wgmma weight-gradient sweep (b, c, hw, f, khw, stride, pad, groups):
+#: SHAPES (odd counts, strides 2-4, groups, rectangles), 16-byte dy runs
+#: (Ho*Wo % 4 == 0 and not), several k tiles and images per tile.
+WGRAD_SHAPES = dict(
+    SHAPES,
+    **{
+        "b5 c3 f70 5x5 p2 (Ho*Wo 36)": (5, 3, 6, 70, 5, 1, 2, 1),
+        "b3 c66 f5 3x3 p1 (Ho*Wo 81)": (3, 66, 9, 5, 3, 1, 1, 1),
+        "b2 c4 f6 1x1 (Ho*Wo 2: runs across images)": (2, 4, (1, 2), 6, 1, 1, 0, 1),
+        "b7 c8 f9 g2 3x2 s(1,2)": (7, 8, (8, 11), 10, (3, 2), (1, 2), 1, 2),
+    },
+)
+
+
+@pytest.mark.parametrize("label", list(WGRAD_SHAPES))
+def test_emulated_wgmma_wgrad_index_maps_match_the_reference(label):
+    """The copies' global addresses (A: dy, 16-byte runs at the 4-byte
+    copies' addresses; B: x, zero outside the image), the split-K slice
+    bounds, the taps and the stores reproduce dW (float64)."""
+    g = geom(*WGRAD_SHAPES[label])
+    x, w, dy = tensors(g, dtype=np.float64)
+    want = reference("weight_acts", g, x, w, dy)
+    for i, config in enumerate(ci.WGMMA_WGRAD_TILES[1:]):
+        for splits in (1, 3) if i == 0 else (None,):
+            got = ci.emulate("weight_acts", g, dy, x, config=config, splits=splits)
+            assert got.shape == want.shape, label
+            np.testing.assert_allclose(
+                got, want, rtol=1e-12, atol=1e-11, err_msg=f"{label} {config.label}"
+            )
+    got = ci.emulate_wgrad_wgmma(
+        g, dy, x, config=ci.WGMMA_WGRAD_TILES[3], aligned=False
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
+
+
+def test_wgmma_wgrad_copies_take_16_byte_runs_where_exact():
+    g = geom(3, 8, 8, 12, 3, 1, 1)  # Ho*Wo = 64: every run aligned
+    t = ci.WGMMA_WGRAD_TILES[3]
+    cp = ci.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64)
+    rows = np.arange(t.threads)[:, None] // 8 + 16 * np.arange(4)[None, :]
+    np.testing.assert_array_equal(cp["a"]["vec"], rows < 12)  # M = 12 filters
+    assert not ci.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64, aligned=False)["a"][
+        "vec"
+    ].any()
+    g = geom(2, 8, 13, 16, 3, 1, 1)  # Ho*Wo = 169: rows alternate alignment
+    cp = ci.wgrad_copies(t, g, 0, 0, 0, 0, 160, 2 * 169)
+    vec = cp["a"]["vec"]
+    assert 0 < vec.sum() < vec.size
+    np.testing.assert_array_equal(cp["a"]["vec_off"][vec] % 4, 0)
+    # the run 164..167 crosses no image; 168..171 does (k = 169 starts image 1)
+    tid = np.arange(t.threads)
+    assert not vec[tid % 8 == 2].any()
+
+
 def _trunc_tf32(x: np.ndarray) -> np.ndarray:
     """What wgmma does to an fp32 operand: the low 13 mantissa bits dropped."""
     u = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
@@ -750,7 +899,11 @@ def test_wgmma_tiles_are_offered_on_compute_capability_9_0_only(monkeypatch):
         on_h = ci.variants(op, g, "tf32", (9, 0))
         assert on_h == base + list(ci.WGMMA_TILES)
         assert not any(t.wgmma for t in ci.variants(op, g, "fp32", (9, 0)))
-    assert not any(t.wgmma for t in ci.variants("weight_acts", g, "tf32", (9, 0)))
+    wgrad = ci.variants("weight_acts", g, "tf32", (9, 0))
+    assert [t for t in wgrad if t.wgmma] == list(ci.WGMMA_WGRAD_TILES)
+    assert wgrad[: -len(ci.WGMMA_WGRAD_TILES)] == ci.variants("weight_acts", g, "tf32")
+    assert not any(t.wgmma for t in ci.variants("weight_acts", g, "fp32", (9, 0)))
+    assert not any(t.wgmma for t in ci.variants("weight_acts", g, "tf32", (8, 0)))
     small_m = geom(4, 32, 9, 32, 3, 1, 1)  # M = 32: 64-row tiles at most
     assert {t.bm for t in ci.variants("filter_acts", small_m, "tf32", (9, 0))
             if t.wgmma} == {64}  # fmt: skip
@@ -863,6 +1016,45 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     assert len(descs) > 200
     for addr, desc in descs:
         assert desc == ci.gmma_descriptor(addr), addr
+
+
+def test_wgmma_wgrad_c_helpers_compute_the_numpy_spec(tmp_path):
+    """wgradtm's copy map in the rendered kernel (wgmma_a_row, wgmma_a_k,
+    wgmma_wgrad_k, run on the CPU) against :func:`ci.wgmma_load_map`."""
+    from cc2ops.cuda.compile import find_nvcc, render
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    config = ci.WGMMA_WGRAD_TILES[1]  # 256 threads, bm 128, bn 64
+    g = geom(2, 64, 9, 64, 3, 1, 1)
+    source = render("conv_igemm", **ci.plan("weight_acts", g, "tf32", config).consts)
+    harness = f"""
+#include <cstdio>
+int main()
+{{
+    for (int t = 0; t < {config.threads}; ++t)
+        for (int e = 0; e < {config.bm * 8 // config.threads}; ++e)
+            for (int s = 0; s < 4; ++s)
+                printf("%d %d %d\\n", wgmma_a_row(t, e), wgmma_wgrad_k(t, s),
+                       wgmma_a_k(t));
+    return 0;
+}}
+"""
+    (tmp_path / "harness.cu").write_text(source + harness)
+    build = subprocess.run(
+        [nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "-o",
+         str(tmp_path / "harness"), str(tmp_path / "harness.cu")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = np.array([[int(v) for v in ln.split()] for ln in run.stdout.splitlines()])
+    r, k = ci.wgmma_load_map(config, "A", "weight_acts")
+    np.testing.assert_array_equal(got[:, 0], r.ravel())
+    np.testing.assert_array_equal(got[:, 1], k.ravel())
+    np.testing.assert_array_equal(got[:, 2], (k.ravel() // 4) * 4)
 
 
 # --------------------------------------------------------------------------
@@ -1145,6 +1337,94 @@ def test_conv_igemm_wgmma_sanitize(debug):
     for op in ("filter_acts", "image_acts"):
         for config in ci.WGMMA_TILES:
             check(op, g, "tf32", config, label="sanitize wgmma")
+
+
+# the tap-major wgmma weight gradient
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ci.WGMMA_WGRAD_TILES, ids=lambda t: t.label)
+def test_gpu_every_wgmma_wgrad_tile(config, debug):
+    # batch 33, 70 channels, 100 filters: partial tiles along M and N; Ho*Wo
+    # = 63: most dy rows take 4-byte copies, a quarter 16-byte
+    needs_wgmma()
+    g = geom(33, 70, (9, 7), 100, 3, 1, 1)
+    err = check("weight_acts", g, "tf32", config, label="wgmma wgrad b33 c70 f100")
+    assert err > 1e-6, f"{config.label}: error {err} looks like fp32 (TF32 unused?)"
+    for splits in (1, 5):  # straight into dw, and forced partials
+        check("weight_acts", g, "tf32", config, f"wgrad splits {splits}", splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label", list(WGRAD_SHAPES) + list(WGMMA_SHAPES))
+def test_gpu_wgmma_wgrad_shapes(label, debug):
+    needs_wgmma()
+    g = geom(*(WGRAD_SHAPES.get(label) or WGMMA_SHAPES[label]))
+    for config in ci.WGMMA_WGRAD_TILES:
+        check("weight_acts", g, "tf32", config, label=f"wgrad {label} {config.label}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer", ["conv2", "conv3", "conv4", "conv5"])
+def test_gpu_alexnet_layers_wgmma_wgrad(layer, debug):
+    needs_wgmma()
+    g = geom(4, *ALEXNET[layer][1:])
+    for config in ci.WGMMA_WGRAD_TILES:
+        err = check("weight_acts", g, "tf32", config, label=f"{layer} {config.label}")
+        assert err > 1e-6, f"{layer} {config.label}: error {err} looks like fp32"
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_wgrad_deterministic_and_misaligned(debug):
+    needs_wgmma()
+    g = geom(6, 40, 13, 72, 3, 1, 1)
+    config = ci.WGMMA_WGRAD_TILES[1]
+    first, want = run_gpu("weight_acts", g, "tf32", config, splits=4)
+    again, _ = run_gpu("weight_acts", g, "tf32", config, splits=4)
+    np.testing.assert_array_equal(first, again)
+    assert rel_err(first, want) < TOL["tf32"]
+    check("weight_acts", g, "tf32", config, "wgrad misaligned", misaligned=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ci.WGMMA_WGRAD_TILES, ids=lambda t: t.label)
+def test_gpu_wgmma_wgrad_through_the_conv_ops_and_accumulate(config, debug):
+    """The tiles are weight_acts candidates on this device (TF32 only);
+    forced by name, weight_acts adds into an accumulator (Igemm's scratch
+    and add, as for every tile) and writes a fresh output."""
+    from cc2ops.cuda import array as garray
+    from cc2ops.cuda import conv as gconv
+
+    needs_wgmma()
+    g = geom(5, 48, (9, 7), 80, (3, 2), 2, 1, groups=2)
+    x, w, dy = tensors(g, seed=4)
+    kw = dict(conv_args(g), precision="tf32", device=0)
+    name = gconv.Igemm(config).name
+    assert name in gconv.algorithm_names("weight_acts", g, np.float32, "tf32", 0)
+    assert name not in gconv.algorithm_names("weight_acts", g, np.float32, "fp32", 0)
+    acc = np.random.default_rng(9).standard_normal(w.shape).astype(np.float32)
+    acc_gpu = garray.to_gpu(acc, 0)
+    x_gpu, dy_gpu = garray.to_gpu(x, 0), garray.to_gpu(dy, 0)
+    fhw = (g.kh, g.kw)
+    got = gconv.weight_acts(x_gpu, dy_gpu, fhw, algorithm=name, acc=acc_gpu, **kw)
+    want = reference("weight_acts", g, x, w, dy)
+    assert garray.ptr(got) == garray.ptr(acc_gpu)  # written into acc
+    err = rel_err(garray.to_host(got), acc + want)
+    assert err < TOL["tf32"], f"accumulate {config.label}: rel err {err}"
+    dw = gconv.weight_acts(x_gpu, dy_gpu, fhw, algorithm=name, **kw)
+    err = rel_err(garray.to_host(dw), want)
+    assert err < TOL["tf32"], f"weight_acts {config.label}: rel err {err}"
+
+
+@pytest.mark.gpu
+def test_conv_igemm_wgmma_wgrad_sanitize(debug):
+    """The wgmma weight gradient and its reduction (compute-sanitizer)."""
+    needs_wgmma()
+    g = geom(3, 35, (7, 6), 33, (3, 2), 1, 1)  # partial tiles along M and N
+    for config in ci.WGMMA_WGRAD_TILES:
+        for splits in (1, 3):
+            check("weight_acts", g, "tf32", config, "sanitize wgmma wgrad", splits)
+    check("weight_acts", g, "tf32", ci.WGMMA_WGRAD_TILES[3], "sanitize", 2, True)
 
 
 #: The kernel paths behind TileConfig's switches (vec, stage_c): the original

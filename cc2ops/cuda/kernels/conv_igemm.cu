@@ -13,7 +13,10 @@ Constants
                  reduction); "fwdtm", "dgradtm": tap-major K order
                  (k = (u*KW + v)*Cg + c, resp. (u*KW + v)*Fg + f) over weights
                  permuted by ${name}_wperm, each BK slice one tap (BK divides
-                 Cg, resp. Fg), so B's copies are one pointer increment each
+                 Cg, resp. Fg), so B's copies are one pointer increment each;
+                 "wgradtm" (WGMMA only): the weight gradient one filter tap
+                 per block, see "wgmma weight gradient" below (its module has
+                 ${name}_sum too)
   KH KW SH SW PH PW   filter size, stride, padding (rows x cols)
   BM BN BK       block tile of the GEMM C[M, N] = A[M, K] B[K, N]
   WM WN          warps along M and N (warp tile BM/WM x BN/WN)
@@ -30,8 +33,9 @@ Constants
                  16 rows at a time, and stores 32 consecutive n per warp
                  instruction; 0: stores straight from the fragments
   WGMMA          1: the Hopper warpgroup MMA main loop described under
-                 "wgmma" below (sm_90a only; fwdtm and dgradtm, SPLIT 1,
-                 AVEC 4, BK 32, WN 1, WM = BM/16); 0: mma.sync
+                 "wgmma" below (sm_90a only; fwdtm, dgradtm and wgradtm,
+                 SPLIT 1, AVEC 4 (wgradtm: 4 or 1), BK 32, WN 1, WM = BM/16);
+                 0: mma.sync
 
 Shared-memory layouts (floats): A is [BM][BK + 8] (k contiguous); B is
 [BK][BN + 4] (n contiguous: fwd, dgrad) or [BN][BK + 8] (k contiguous: wgrad),
@@ -77,6 +81,24 @@ functions specify and emulate every map below, under the same names)
   Precision: the tensor cores drop the low 13 mantissa bits of the fp32 data
   they read (truncation), so ${name}_wperm rounds the weights to TF32 once;
   the activations are truncated.
+
+wgmma weight gradient (op "wgradtm"; conv_igemm.py's wgrad_* functions)
+  Per filter tap t = u*KW + v: C[f, c] = sum over pixels k = (img*OH + oh)*OW
+  + ow of dy[img][grp*Fg + f][oh][ow] * x[img][grp*Cg + c][oh*SH - PH + u]
+  [ow*SW - PW + v]: M = Fg, N = Cg, K = B*OH*OW, both operands K-major in
+  global memory, so both tiles are copied as A is above (rows of 32 k in the
+  128-byte swizzle). blockIdx.z = (split*KHKW + t)*groups + grp; a block
+  multiplies its split-K slice and stores C to dw[grp*Fg + f][c][t] (or to
+  the partials ws[split] of dw's shape, summed by ${name}_sum).
+  Copies: thread tid owns the 16-byte chunk k = 4(tid%8) .. + 3 of rows
+  tid/8 + e*THREADS/8 of A (filters) and B (channels); its 4-byte copy s of
+  a row is k = 4(tid%8) + ((s + tid/8) % 4) (wgmma_wgrad_k: a warp's copy
+  instruction then covers 4 rows x 8 chunks x 4 distinct residues, all 32
+  banks). The 4 pixels are decoded once per tile and serve every row of
+  both operands. A's row takes one 16-byte copy where its 4 pixels are one
+  16-byte aligned run of one image inside the slice (AVEC 4: dy's pointer
+  is 16-byte aligned), else four 4-byte copies; B (x) takes 4-byte copies,
+  zero-filled outside the image.
 </%doc>
 <%include file="common.cuh"/>
 <%
@@ -124,7 +146,10 @@ B_BYTES = BN * ROWB
 STAGE_BYTES = A_BYTES + B_BYTES
 AHEAD = STAGES - 2  # tiles in flight ahead of the one computed
 NACC = BN // 2  # accumulators per thread: 64 x BN over 128 threads
-assert TAPM and SPLIT == 1 and AVEC == 4 and BK == 32 and WN == 1
+WGRADTM = op == "wgradtm"
+assert (TAPM or WGRADTM) and SPLIT == 1 and BK == 32 and WN == 1
+assert AVEC == 4 or (WGRADTM and AVEC == 1)
+assert not WGRADTM or (BM * 8 % THREADS == 0 and BN * 8 % THREADS == 0)
 assert THREADS == 128 * NWG and BM == 64 * NWG and WM * 16 == BM
 assert THREADS % BN == 0 and TPN in (1, 2, 4) and BN % 8 == 0 and BN <= 256
 assert STAGES >= 3 and STAGE_C in (0, 1)
@@ -251,6 +276,16 @@ __host__ __device__ __forceinline__ int wgmma_b_k(int tid, int c, int s)
 {
     return 4 * c + (((tid >> 3) + ${TPN} * s) & 3);
 }
+%   if WGRADTM:
+
+// wgradtm, A and B: copy s < 4 of each row wgmma_a_row(tid, e) of thread tid
+// is k = wgmma_wgrad_k(tid, s), within the chunk of wgmma_a_k(tid); rows
+// 4j .. 4j + 3 of a warp's copy take 4 distinct residues: 32 banks.
+__host__ __device__ __forceinline__ int wgmma_wgrad_k(int tid, int s)
+{
+    return (tid & 7) * 4 + ((s + (tid >> 3)) & 3);
+}
+%   endif
 
 // Orders this thread's generic-proxy shared-memory writes (cp.async, st)
 // before later async-proxy accesses (wgmma operand reads).
@@ -337,7 +372,13 @@ extern "C" __global__ void ${name}(${params()})
     const int n0 = blockIdx.x * ${BN};
     const int m0 = blockIdx.y * ${BM};
     const int grp = blockIdx.z % groups;
+% if op == "wgradtm":
+    // blockIdx.z = (split * KHKW + tap) * groups + grp: this block's filter tap
+    const int tap = (blockIdx.z / groups) % ${KHKW};
+    const int split = blockIdx.z / (groups * ${KHKW});
+% else:
     const int split = blockIdx.z / groups;
+% endif
     const int k_begin = split * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = (k_end - k_begin + ${BK - 1}) / ${BK};
@@ -622,6 +663,8 @@ ${tap_source(B_STEP)}\
 <%  ROW = "(grp * Fg + m) * OHW" %>
 % elif IS_DGRAD:
 <%  ROW = "(grp * Cg + m) * HW" %>
+% elif op == "wgradtm":
+<%  ROW = "(grp * Fg + m) * N * " + str(KHKW) + " + tap" %>
 % else:
 <%  ROW = "(grp * Fg + m) * N" %>
 % endif
@@ -634,6 +677,10 @@ ${tap_source(B_STEP)}\
             // c_offset(dgrad): dx[img][grp*Cg + m][pix], n = img*HW + pix
             const int img = fastdiv(${n}, d1_magic, d1_shift);
             const int off = img * C * HW + (${n} - img * HW);
+% elif op == "wgradtm":
+            // c_offset(wgradtm): ws[split][grp*Fg + m][n][tap] (dw itself
+            // when split = 0), n a channel
+            const int off = ${n} * ${KHKW};
 % else:
             // c_offset(wgrad): ws[split][grp*Fg + m][n] (dw itself when split = 0)
             const int off = ${n};
@@ -641,6 +688,8 @@ ${tap_source(B_STEP)}\
 </%def>
 % if op == "wgrad":
     float* out_base = out + split * F * N;
+% elif op == "wgradtm":
+    float* out_base = out + split * F * N * ${KHKW};
 % else:
     float* out_base = out;
 % endif
@@ -752,7 +801,7 @@ extern "C" __global__ void ${name}_wperm(
     }
 }
 % endif
-% if op == "wgrad":
+% if op in ("wgrad", "wgradtm"):
 
 // The split-K reduction of this module's wgrad kernel:
 // out[i] = sum over s of ws[s][i], in slice order (deterministic).
@@ -825,6 +874,9 @@ CSTEP = "HW" if op == "fwdtm" else "OHW"
     // ---- wgmma main loop ----
     const u32 smem0 = (smem_addr(As) + 1023u) & ~1023u;  // stage s at + s * STAGE_BYTES
     const int wg = warp >> 2;  // this warpgroup's rows: 64 * wg .. + 63
+% if op == "wgradtm":
+${wgrad_load_tile()}\
+% else:
     // A: 16-byte copies of row wgmma_a_row(tid, e), k = a_k .. a_k + 3
     const int a_k = wgmma_a_k(tid);
     // a_offset(tap-major): wp[grp*rows + m][k], a row of K permuted weights
@@ -859,6 +911,7 @@ ${tap_source(1)}\
                 }
         }
     };
+% endif
 
     float acc[1][${NACC // 4}][4];
 #pragma unroll
@@ -895,4 +948,82 @@ ${tap_source(1)}\
     wgmma_wait<0>();
     fence_acc(acc[0]);
     cp_async_wait<0>();
+</%def>\
+<%def name="wgrad_load_tile()">\
+## wgradtm's copies (see "wgmma weight gradient" in the doc block): the
+## load_tile of wgmma_mainloop.
+    // this block's filter tap (u, v): the input pixel is (oh*SH - PH + u, ow*SW - PW + v)
+    const int u = tap / ${KW};
+    const int v = tap - u * ${KW};
+    // this thread's 16-byte chunk of every row it copies
+    const int a_k = wgmma_a_k(tid);
+%   if AVEC == 4:
+    const int a_rot = (tid >> 3) & 3;  // copy s = 0 is k = a_k + a_rot
+%   endif
+
+    auto load_tile = [&](int stage, int k0) {
+        const u32 as = smem0 + stage * ${STAGE_BYTES};
+        const u32 bs = as + ${A_BYTES};
+        // wgrad_pixels: the 4 pixels k = k0 + wgmma_wgrad_k(tid, s), decoded
+        // once for all rows of A (dy) and B (x)
+        int a_off[4], b_off[4];
+        bool k_ok[4], b_ok[4];
+%   if AVEC == 4:
+        int k_img[4];  // the 4 pixels' images
+%   endif
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const int k = k0 + wgmma_wgrad_k(tid, s);
+            const int img = fastdiv(k, d1_magic, d1_shift);
+            const int pix = k - img * OHW;
+            const int oh = fastdiv(pix, d2_magic, d2_shift);
+            const int ow = pix - oh * OW;
+            const int ih = oh * ${SH} - ${PH} + u;
+            const int iw = ow * ${SW} - ${PW} + v;
+%   if AVEC == 4:
+            k_img[s] = img;
+%   endif
+            k_ok[s] = k < k_end;
+            b_ok[s] = k_ok[s] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            a_off[s] = img * F * OHW + pix;     // a_offset(wgradtm): dy[img][row][pix]
+            b_off[s] = img * C * HW + ih * W + iw;  // b_offset(wgradtm): x[img][row][ih][iw]
+        }
+%   if AVEC == 4:
+        // one run of 4 pixels of one image inside the slice: 16-byte copies
+        // for the rows where it is 16-byte aligned
+        const bool run = k_ok[0] && k_ok[1] && k_ok[2] && k_ok[3] && k_img[0] == k_img[1]
+                         && k_img[0] == k_img[2] && k_img[0] == k_img[3];
+        const int run_off = a_off[0] - a_rot;  // pixel k0 + a_k
+%   endif
+#pragma unroll
+        for (int e = 0; e < ${BM * 8 // THREADS}; ++e) {
+            const int r = wgmma_a_row(tid, e);
+            const int m = m0 + r;
+            const int row = (grp * Fg + m) * OHW;
+%   if AVEC == 4:
+            if (run && m < M && ((run_off + row) & 3) == 0) {
+                cp_async16(as + sw128_offset(r, a_k), asrc + run_off + row, true);
+                continue;
+            }
+%   endif
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const bool ok = k_ok[s] && m < M;
+                const int kr = wgmma_wgrad_k(tid, s);
+                cp_async4(as + sw128_offset(r, kr), ok ? asrc + a_off[s] + row : asrc, ok);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < ${BN * 8 // THREADS}; ++e) {
+            const int r = wgmma_a_row(tid, e);
+            const int n = n0 + r;
+            const int row = (grp * Cg + n) * HW;
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const bool ok = b_ok[s] && n < N;
+                const int kr = wgmma_wgrad_k(tid, s);
+                cp_async4(bs + sw128_offset(r, kr), ok ? bsrc + b_off[s] + row : bsrc, ok);
+            }
+        }
+    };
 </%def>\
