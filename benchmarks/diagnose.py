@@ -172,7 +172,12 @@ def _pass_call(
     return lambda: conv.weight_acts(gx, gdy, (k, k), **prm, algorithm=alg)
 
 
-def conv_section(budget_s: float) -> dict[str, Any]:
+def conv_section(
+    budget_s: float,
+    layers: tuple[str, ...] = tuple(layer[0] for layer in LAYERS),
+    passes: tuple[str, ...] = ("fwd", "bwd_data", "bwd_filter"),
+    precisions: tuple[str, ...] = ("tf32", "fp32"),
+) -> dict[str, Any]:
     import torch
 
     from cc2ops.cuda import array, conv
@@ -181,10 +186,12 @@ def conv_section(budget_s: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = []
     batch = 128
-    for precision in ("tf32", "fp32"):
+    for precision in precisions:
         _torch_settings(precision)
         for layer in LAYERS:
             name, c, f, hw, k, s, p = layer
+            if name not in layers:
+                continue
             r = np.random.default_rng(0)
             ho = (hw + 2 * p - k) // s + 1
             xs = r.standard_normal((batch, c, hw, hw)).astype(np.float32)
@@ -198,9 +205,12 @@ def conv_section(budget_s: float) -> dict[str, Any]:
             prm = dict(stride=s, padding=p, precision=precision, device=0)
             for pas, op in (("fwd", "filter_acts"), ("bwd_data", "image_acts"),
                             ("bwd_filter", "weight_acts")):  # fmt: skip
+                if pas not in passes:
+                    continue
                 peer = time_cuda(_torch_pass(pas, tx, tw, tdy, s, p), warmup=3,
                                  iters=10)  # fmt: skip
-                for alg in conv.algorithm_names(op, g, np.float32, precision):
+                # device=0: the candidates of this GPU's compute capability too
+                for alg in conv.algorithm_names(op, g, np.float32, precision, 0):
                     call = _pass_call(pas, gx, gw, gdy, (hw, k), prm, alg)
                     row = dict(layer=name, pass_=pas, precision=precision,
                                algorithm=alg, peer_ms=peer)  # fmt: skip
@@ -222,12 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default="micro,step,conv")
     ap.add_argument("--out", type=Path, default=Path("diagnose.json"))
     ap.add_argument("--budget", type=float, default=150.0, help="seconds per section")
+    ap.add_argument("--conv-layers", default="conv1,conv2,conv3,conv4,conv5")
+    ap.add_argument("--conv-passes", default="fwd,bwd_data,bwd_filter")
+    ap.add_argument("--conv-precisions", default="tf32,fp32")
     args = ap.parse_args(argv)
     import cc2ops.cuda as cuda
 
     cuda.require()
     sections = {"micro": lambda: micro(), "step": lambda: step_section(args.budget),
-                "conv": lambda: conv_section(args.budget)}  # fmt: skip
+                "conv": lambda: conv_section(
+                    args.budget, tuple(args.conv_layers.split(",")),
+                    tuple(args.conv_passes.split(",")),
+                    tuple(args.conv_precisions.split(",")))}  # fmt: skip
     status = 0
     for name in args.sections.split(","):
         log(f"== {name}")

@@ -1396,7 +1396,7 @@ def test_gpu_wgmma_wgrad_through_the_conv_ops_and_accumulate(config, debug):
     from cc2ops.cuda import conv as gconv
 
     needs_wgmma()
-    g = geom(5, 48, (9, 7), 80, (3, 2), 2, 1, groups=2)
+    g = geom(5, 48, (9, 7), 160, (3, 2), 2, 1, groups=2)  # 80 filters per group
     x, w, dy = tensors(g, seed=4)
     kw = dict(conv_args(g), precision="tf32", device=0)
     name = gconv.Igemm(config).name
