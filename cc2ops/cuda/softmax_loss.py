@@ -422,8 +422,7 @@ def _run(
     flag: Any = None,
 ) -> Any:
     b, k = (int(s) for s in x.shape)
-    if flag is None:
-        flag = new_label_flag(device)
+    flag = flag if flag is not None else new_label_flag(device)
     if b == 0:
         return flag
     block = block_size(k)
@@ -438,8 +437,7 @@ def _forward(
     x: Any, t: Any, soft: bool, loss: Any, device: int, flag: Any, splits: int | None
 ) -> Any:
     b, k = (int(s) for s in x.shape)
-    if flag is None:
-        flag = new_label_flag(device)
+    flag = flag if flag is not None else new_label_flag(device)
     if b == 0:
         return flag
     dev = get_device(device)

@@ -973,6 +973,22 @@ int main()
 """
 
 
+def _run_host_harness(nvcc: str, tmp_path, source: str):
+    """Build ``source`` (a rendered kernel module plus a ``main``) for sm_90a
+    and run it on the CPU: the kernel's ``__host__ __device__`` helpers, with
+    no GPU. Returns the finished process (stdout holds what main printed)."""
+    (tmp_path / "harness.cu").write_text(source)
+    build = subprocess.run(
+        [nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "-o",
+         str(tmp_path / "harness"), str(tmp_path / "harness.cu")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run
+
+
 @pytest.mark.parametrize(
     "config",
     {(t.bm, t.bn): t for t in ci.WGMMA_TILES}.values(),  # distinct copy maps
@@ -991,15 +1007,7 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     harness = _HARNESS.replace("THREADS", str(config.threads))
     harness = harness.replace("A_COPIES", str(config.bm * 8 // config.threads))
     harness = harness.replace("B_COPIES", str(4 // (config.threads // config.bn)))
-    (tmp_path / "harness.cu").write_text(source + harness)
-    build = subprocess.run(
-        [nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "-o",
-         str(tmp_path / "harness"), str(tmp_path / "harness.cu")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    run = _run_host_harness(nvcc, tmp_path, source + harness)
     lines = [ln.split() for ln in run.stdout.splitlines()]
     ra, ka = ci.wgmma_load_map(config, "A")
     rb, kb = ci.wgmma_load_map(config, "B")
@@ -1041,15 +1049,7 @@ int main()
     return 0;
 }}
 """
-    (tmp_path / "harness.cu").write_text(source + harness)
-    build = subprocess.run(
-        [nvcc, "-gencode", "arch=compute_90a,code=sm_90a", "-std=c++17", "-o",
-         str(tmp_path / "harness"), str(tmp_path / "harness.cu")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
+    run = _run_host_harness(nvcc, tmp_path, source + harness)
     got = np.array([[int(v) for v in ln.split()] for ln in run.stdout.splitlines()])
     r, k = ci.wgmma_load_map(config, "A", "weight_acts")
     np.testing.assert_array_equal(got[:, 0], r.ravel())
