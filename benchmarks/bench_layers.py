@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import (  # noqa: E402
+    COPY_CEILING_GBPS,
     base_parser,
     rel_err,
     time_cuda,
@@ -48,7 +49,6 @@ from benchmarks.common import (  # noqa: E402
     write_results,
 )
 
-COPY_CEILING_GBPS = 4190.0
 BATCH = 128
 
 

@@ -59,6 +59,9 @@ __all__ = [
 ]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: The H200's device-to-device copy bandwidth (GB/s, bytes read + written):
+#: what memory-bound kernels are measured against.
+COPY_CEILING_GBPS = 4190.0
 PASSES = ("fwd", "bwd_data", "bwd_filter", "bwd", "fwd+bwd", "step")
 PRECISIONS = ("fp32", "tf32", "bf16")
 _REQUIRED = ("name", "batch", "pass", "precision", "cc2ops_ms", "peer_ms", "ratio")

@@ -22,9 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import time_graph  # noqa: E402
-
-CEILING_GBPS = 4190.0
+from benchmarks.common import COPY_CEILING_GBPS, time_graph  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -70,7 +68,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 finally:
                     gpool._PLANE_PIXELS, gpool._PLANE_SMEM, gpool._PLANE_GRID = defaults
                 nbytes = x.nbytes + y.nbytes
-                frac = nbytes / (ms * 1e-3) / 1e9 / CEILING_GBPS
+                frac = nbytes / (ms * 1e-3) / 1e9 / COPY_CEILING_GBPS
                 rows.append(dict(layer=f"{name} {c}x{hw}^2", setting=label, ms=ms,
                                  frac_copy_ceiling=frac))  # fmt: skip
                 print(f"{name} {c}x{hw}^2 {label:32s} {ms * 1e3:8.2f} us {frac:6.1%}",

@@ -23,9 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import time_graph  # noqa: E402
-
-CEILING_GBPS = 4190.0
+from benchmarks.common import COPY_CEILING_GBPS, time_graph  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -42,7 +40,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = []
 
     def report(layer: str, setting: str, ms: float, nbytes: int) -> None:
-        frac = nbytes / (ms * 1e-3) / 1e9 / CEILING_GBPS
+        frac = nbytes / (ms * 1e-3) / 1e9 / COPY_CEILING_GBPS
         rows.append(dict(layer=layer, setting=setting, ms=ms, frac_copy_ceiling=frac))
         print(f"{layer} {setting:24s} {ms * 1e3:8.2f} us {frac:6.1%}", flush=True)
 

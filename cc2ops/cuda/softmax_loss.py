@@ -178,7 +178,7 @@ def _softmax_loss_variants() -> list[dict[str, Any]]:
 def block_size(k: int) -> int:
     """Threads per row: a power of two near K/4, clamped to 32..1024."""
     want = max(1, (int(k) + 3) // 4)
-    return int(min(1024, max(32, 1 << (want - 1).bit_length())))
+    return int(min(1024, max(32, _pow2(want))))
 
 
 #: a chunk of a split row is at least this many bytes
