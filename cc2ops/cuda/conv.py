@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,8 @@ _OP_CLASS = {
 _DT = {"float32": "f32", "float64": "f64"}
 _BLOCK = 256
 _INT32 = 2**31 - 1
+#: Row alignment (bytes) that plan_chunk gives the im2col GEMMs.
+_ALIGN_BYTES = 16
 #: Column-buffer budgets (MiB) of the im2col candidates; 32 MiB stays in L2.
 CHUNK_BUDGETS_MIB = (8, 32, 128)
 #: The deterministic default (what ``CC2OPS_AUTOTUNE=0`` always runs).
@@ -151,7 +154,8 @@ DEFAULT_ALGORITHM = "im2col_knp_32m"
 #: Bumped whenever an algorithm or the way candidates are timed changes (part
 #: of the autotuner's key). 2: tap-major tiles; candidates ranked by device time.
 #: 3: wgmma tiles (sm_90a) on devices of compute capability 9.0.
-ALGORITHMS_VERSION = 3
+#: 4: im2col chunks with 16-byte aligned GEMM rows.
+ALGORITHMS_VERSION = 4
 
 
 # --------------------------------------------------------------------------
@@ -209,7 +213,13 @@ def plan_chunk(g: ConvGeometry, itemsize: int, budget_bytes: int) -> int:
     ``budget_bytes`` (at least one image), lowered so that every buffer and
     kernel index stays below 2^31 elements, then balanced so that the chunks
     of the batch have nearly equal sizes (129 images with room for 64 give
-    three chunks of 43).
+    three chunks of 43). When the batch takes more than one chunk, the count
+    is then rounded to a multiple that makes ``nb*Ho*Wo`` a multiple of 16
+    bytes: that product is the leading dimension of every GEMM of the path,
+    and cuBLAS's tensor-core kernels want 16-byte aligned rows (at 13x13
+    outputs, 43 images give rows of 7267 floats, 44 give 7436). Up when the
+    columns stay within 1.25 times the budget and the 2^31 limits, else down
+    when that leaves at least one step, else not at all.
 
     Raises
     ------
@@ -230,10 +240,20 @@ def plan_chunk(g: ConvGeometry, itemsize: int, budget_bytes: int) -> int:
             f"conv im2col: one image needs {per_image[worst]} elements of {worst}, "
             f"above the 2^31 limit of the kernels ({g})"
         )
-    nb = max(1, int(budget_bytes) // max(1, per_image["columns"] * itemsize))
-    nb = min(nb, g.batch, *(_INT32 // max(1, v) for v in per_image.values()))
+    hard = min(g.batch, *(_INT32 // max(1, v) for v in per_image.values()))
+    nb = min(hard, max(1, int(budget_bytes) // max(1, per_image["columns"] * itemsize)))
     chunks = -(-g.batch // nb)
-    return -(-g.batch // chunks)
+    nb = -(-g.batch // chunks)
+    if nb < g.batch:
+        align = max(1, _ALIGN_BYTES // int(itemsize))
+        step = align // math.gcd(p, align)
+        up = -(-nb // step) * step
+        cols = per_image["columns"] * int(itemsize)
+        if up <= hard and up * cols * 4 <= int(budget_bytes) * 5:
+            nb = min(up, g.batch)
+        elif nb >= step:
+            nb = nb // step * step
+    return nb
 
 
 def resolve_precision(dtype: Any, precision: str | None) -> str:
@@ -702,6 +722,7 @@ class Igemm:
         bm, bn, bk, wm, wn, st = fields
         tm = "_tm" if getattr(c, "tapmajor", False) else ""
         tm += "_wgmma" if getattr(c, "wgmma", False) else ""
+        tm += "_nhwc" if getattr(c, "nhwc", False) else ""
         return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}{tm}"
 
     def applies(self, op: str, g: ConvGeometry, dtype: Any, precision: str) -> bool:

@@ -333,12 +333,14 @@ def test_plan_chunk():
     g = ConvGeometry(128, 192, 13, 13, 384, 3, 3, 1, 1, 1, 1, 1, 13, 13)
     per_image = 192 * 9 * 169 * 4
     nb = plan_chunk(g, 4, 32 << 20)
-    assert nb * per_image <= 32 << 20 and 1 <= nb <= 128
-    # balanced: the chunks of the batch differ by at most one image
-    chunks = -(-128 // nb)
-    assert -(-128 // chunks) == nb
+    room = (32 << 20) // per_image  # 28 images: 5 chunks
+    balanced = -(-128 // -(-128 // room))  # 26
+    # balanced, then rounded up to a multiple of 4 for 16-byte GEMM rows
+    # (169 pixels per image): 28
+    assert balanced == 26 and nb == 28 and nb * per_image <= 32 << 20
     assert plan_chunk(g, 4, 1 << 40) == 128
-    assert plan_chunk(g, 4, 1) == 1
+    assert plan_chunk(g, 4, 1) == 1  # 4 images would be far past the budget
+    assert plan_chunk(g, 4, 5 * per_image) == 4  # down from 5 to a multiple of 4
     g129 = ConvGeometry(129, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 8, 8)
     room = 64 * 3 * 9 * 64 * 4
     assert plan_chunk(g129, 4, room) == 43
@@ -346,6 +348,44 @@ def test_plan_chunk():
     huge = ConvGeometry(2, 1024, 2048, 2048, 8, 1, 1, 1, 1, 0, 0, 1, 2048, 2048)
     with pytest.raises(ValueError, match="above the 2\\^31 limit"):
         plan_chunk(huge, 4, 32 << 20)
+
+
+@pytest.mark.parametrize("layer", ["conv2", "conv3", "conv4", "conv5"])
+@pytest.mark.parametrize("budget_mib", [8, 32, 128])
+def test_plan_chunk_aligns_gemm_rows(layer, budget_mib):
+    # nb * Ho*Wo is the leading dimension of the im2col GEMMs: 16-byte rows
+    # (43 images of 13x13 gave 7267 floats; 44 give 7436)
+    c, f, hw, k, pad = {
+        "conv2": (64, 192, 27, 5, 2), "conv3": (192, 384, 13, 3, 1),
+        "conv4": (384, 256, 13, 3, 1), "conv5": (256, 256, 13, 3, 1),
+    }[layer]  # fmt: skip
+    g = ConvGeometry(128, c, hw, hw, f, k, k, 1, 1, pad, pad, 1, hw, hw)
+    budget = budget_mib << 20
+    nb = plan_chunk(g, 4, budget)
+    per_image = c * k * k * hw * hw * 4
+    if 4 * per_image * 4 > budget * 5:
+        # conv2 at 8 MiB: one image of columns (4.7 MB) fits, four would be
+        # 2.2 times the budget: left at one image, unaligned
+        assert (layer, budget_mib, nb) == ("conv2", 8, 1)
+        return
+    assert 1 < nb < 128 and nb * hw * hw % 4 == 0
+    # the rounding passes the budget by at most a quarter
+    assert nb * per_image * 4 <= budget * 5
+    assert plan_chunk(g, 8, budget) * hw * hw % 2 == 0  # float64: 16 bytes too
+    if budget_mib == 128 and layer == "conv4":
+        assert nb == 44  # three chunks (44, 44, 40), where balancing gave 43
+
+
+def test_plan_chunk_alignment_yields_to_the_index_limit():
+    # outputs of ~2^31/5 elements per image: at most 5 images per chunk, and
+    # with an odd Ho*Wo the rounding goes down to 4, not up to 8
+    f = (2**31 - 1) // 5 // 169
+    g = ConvGeometry(14, 1, 13, 13, f, 1, 1, 1, 1, 0, 0, 1, 13, 13)
+    assert (2**31 - 1) // (f * 169) == 5
+    assert plan_chunk(g, 4, 1 << 40) == 4
+    # one chunk holds the whole batch: no rounding (nothing to choose)
+    g1 = ConvGeometry(3, 1, 13, 13, 8, 1, 1, 1, 1, 0, 0, 1, 13, 13)
+    assert plan_chunk(g1, 4, 1 << 40) == 3
 
 
 def test_algorithm_names():
