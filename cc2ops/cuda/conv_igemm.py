@@ -222,6 +222,12 @@ class TileConfig:
     filter tap per block, any channel count; see the module's notes), which
     also copies ``bm`` and ``bn`` rows in 8-thread groups
     (:meth:`valid_wgrad`).
+
+    ``nhwc`` (``wgmma`` tiles of ``filter_acts`` and ``image_acts``): B's
+    tensor (x, resp. dy) is first copied channels-last, (B, H, W, C) resp.
+    (B, Ho, Wo, F), so that a B row (one pixel, one tap's ``bk`` channels)
+    is 128 contiguous bytes: 16-byte copies, 8 threads per row, the map of
+    A, instead of 4-byte copies gathered ``H*W`` floats apart.
     """
 
     bm: int
@@ -234,6 +240,7 @@ class TileConfig:
     stage_c: bool = True
     tapmajor: bool = False
     wgmma: bool = False
+    nhwc: bool = False
 
     @property
     def threads(self) -> int:
@@ -253,9 +260,10 @@ class TileConfig:
             and self.stages >= 2
         )
         if not self.wgmma:
-            return ok
+            return ok and not self.nhwc
         return (
             ok
+            and (not self.nhwc or (self.bn * 8) % t == 0)
             and self.tapmajor
             and self.vec
             and self.bk == 32
@@ -323,6 +331,7 @@ class TileConfig:
         flags = ("" if self.vec else "_a4") + ("" if self.stage_c else "_cdirect")
         flags += "_tm" if self.tapmajor else ""
         flags += "_wgmma" if self.wgmma else ""
+        flags += "_nhwc" if self.nhwc else ""
         return (
             f"bm{self.bm}_bn{self.bn}_bk{self.bk}_w{self.wm}x{self.wn}_st{self.stages}"
             + flags
@@ -350,8 +359,10 @@ TAP_TILES = (
 )
 
 
-def _wg(bm: int, bn: int, stages: int) -> TileConfig:
-    return TileConfig(bm, bn, 32, bm // 16, 1, stages, tapmajor=True, wgmma=True)
+def _wg(bm: int, bn: int, stages: int, nhwc: bool = False) -> TileConfig:
+    return TileConfig(
+        bm, bn, 32, bm // 16, 1, stages, tapmajor=True, wgmma=True, nhwc=nhwc
+    )
 
 
 #: Hopper warpgroup-MMA tiles (``wgmma``), offered beside :data:`TAP_TILES`
@@ -361,6 +372,15 @@ WGMMA_TILES = (
     _wg(128, 256, 4),  # 2 warpgroups of 64 x 256, 193 KiB
     _wg(128, 128, 3),  # 97 KiB: two blocks per SM
     _wg(64, 128, 4),  # 1 warpgroup, M = 64; 97 KiB: two blocks per SM
+    _wg(192, 192, 3),  # 3 warpgroups, M = 192 (conv2 fwd, conv3 dgrad); 145 KiB
+    _wg(192, 96, 3),  # 3 warpgroups, 109 KiB: two blocks per SM
+    # B channels-last (16-byte B copies after a transpose of x, resp. dy)
+    _wg(128, 128, 4, nhwc=True),
+    _wg(128, 256, 4, nhwc=True),
+    _wg(128, 128, 3, nhwc=True),
+    _wg(64, 128, 4, nhwc=True),
+    _wg(192, 192, 3, nhwc=True),
+    _wg(192, 96, 3, nhwc=True),
 )
 
 #: Hopper warpgroup-MMA tiles of the tap-major weight gradient (op
@@ -559,6 +579,7 @@ def b_offset(
     k: np.ndarray,
     n: np.ndarray,
     tapmajor: bool = False,
+    nhwc: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flat offset into B's tensor (x, dy, x) of ``B[k, n]``, and its predicate.
 
@@ -569,8 +590,12 @@ def b_offset(
     both quotients are exact and inside the output; ``weight_acts``: as
     ``filter_acts`` with the roles of k and n exchanged. ``tapmajor``:
     ``k = (u*kw + v)*Cg + c`` (``filter_acts``) or ``(u*kw + v)*Fg + f``
-    (``image_acts``) instead.
+    (``image_acts``) instead. ``nhwc`` (``filter_acts`` and ``image_acts``):
+    the offset into the channels-last copy, ``x`` as (B, H, W, C), resp.
+    ``dy`` as (B, Ho, Wo, F) (:attr:`TileConfig.nhwc`).
     """
+    if nhwc and op == "weight_acts":
+        raise ValueError("conv_igemm.b_offset: nhwc applies to filter_acts, image_acts")
     d = _dims(g)
     k, n = np.broadcast_arrays(np.asarray(k, np.int64), np.asarray(n, np.int64))
     _, big_n, big_k = gemm_shape(op, g)
@@ -590,6 +615,9 @@ def b_offset(
         ow = np.where(own >= 0, own, 0) // d["SW"]
         ok &= (ohn >= 0) & (own >= 0) & (oh * d["SH"] == ohn) & (ow * d["SW"] == own)
         ok &= (oh < d["OH"]) & (ow < d["OW"])
+        if nhwc:
+            off = ((img * d["OH"] + oh) * d["OW"] + ow) * d["F"] + grp * d["Fg"] + f
+            return off, ok
         off = ((img * d["F"] + grp * d["Fg"] + f) * d["OH"] + oh) * d["OW"] + ow
         return off, ok
     pixel, tap = (n, k) if op == "filter_acts" else (k, n)
@@ -604,6 +632,8 @@ def b_offset(
     ih = oh * d["SH"] - d["PH"] + u
     iw = ow * d["SW"] - d["PW"] + v
     ok &= (ih >= 0) & (ih < d["H"]) & (iw >= 0) & (iw < d["W"])
+    if nhwc:
+        return ((img * d["H"] + ih) * d["W"] + iw) * d["C"] + grp * d["Cg"] + c, ok
     off = ((img * d["C"] + grp * d["Cg"] + c) * d["H"] + ih) * d["W"] + iw
     return off, ok
 
@@ -661,6 +691,12 @@ def _in_shapes(op: str, g: ConvGeometry) -> tuple[tuple[int, ...], tuple[int, ..
     return {"filter_acts": (w, x), "image_acts": (w, dy), "weight_acts": (dy, x)}[op]
 
 
+def channels_last(t: np.ndarray) -> np.ndarray:
+    """(B, C, H, W) -> (B, H, W, C), C-contiguous: the copy an ``nhwc`` tile
+    reads B from (what :func:`_run` makes on the GPU)."""
+    return np.ascontiguousarray(np.asarray(t).transpose(0, 2, 3, 1))
+
+
 def _gather(t: np.ndarray, off: np.ndarray, ok: np.ndarray) -> np.ndarray:
     flat = np.asarray(t, dtype=np.float64).reshape(-1)
     safe = np.where(ok, off, 0)
@@ -698,6 +734,8 @@ def emulate(
         if not tapmajor_ok(op, g, config):
             raise ValueError(f"conv_igemm.emulate: tap-major {config} does not apply")
         a = permuted_weights(op, g, a)
+    if config.nhwc:
+        b = channels_last(b)
     big_m, big_n, big_k = gemm_shape(op, g)
     d = _dims(g)
     pm = -(-big_m // config.bm) * config.bm
@@ -711,7 +749,8 @@ def emulate(
     n = np.arange(pn)[None, :]
     for grp in range(d["G"]):
         big_a = _gather(a, *a_offset(op, g, grp, m, np.arange(pk)[None, :], tm))
-        big_b = _gather(b, *b_offset(op, g, grp, np.arange(pk)[:, None], n, tm))
+        b_off = b_offset(op, g, grp, np.arange(pk)[:, None], n, tm, config.nhwc)
+        big_b = _gather(b, *b_off)
         store = (m < big_m) & (n < big_n)
         for s in range(splits):
             ks = slice(s * k_chunk, min(big_k, (s + 1) * k_chunk))
@@ -1024,7 +1063,8 @@ def wgmma_load_map(
     k ``4*(t % 8) + i`` (element ``4e + i``). B (rows n): every copy of
     thread t is column ``t % 8 + 8*(t // (8*tpn))``, ``tpn = threads/bn``;
     copy ``(c, s)`` (element ``c*(4/tpn) + s``) is k ``4c + ((t // 8 +
-    tpn*s) % 4)``.
+    tpn*s) % 4)``. B of an ``nhwc`` tile (rows n): the map of A, 16-byte
+    vectors of 8 threads per row (the kernel's ``nhwc_b_copies``).
 
     ``op="weight_acts"`` (the tap-major weight gradient, the kernel's
     ``wgmma_wgrad_k``): A and B alike, element ``4e + s`` of thread t is row
@@ -1041,8 +1081,9 @@ def wgmma_load_map(
         r, k = np.broadcast_arrays(
             tid // 8 + e * (t // 8), 4 * (tid % 8) + wgrad_rot(tid, s)
         )
-    elif operand == "A":
-        e = np.arange(config.bm * 8 // t)[None, :, None]
+    elif operand == "A" or (operand == "B" and config.nhwc):
+        rows = config.bm if operand == "A" else config.bn
+        e = np.arange(rows * 8 // t)[None, :, None]
         i = np.arange(4)[None, None, :]
         r, k = np.broadcast_arrays(tid // 8 + e * (t // 8), 4 * (tid % 8) + i)
     elif operand == "B":
@@ -1345,6 +1386,11 @@ def _consts(
             f"conv_igemm: wgmma tile {config.label} runs TF32 with 16-byte A copies "
             f"only, not precision {precision!r} with {4 * avec}-byte copies"
         )
+    if config.nhwc and op == "weight_acts":
+        raise ValueError(
+            f"conv_igemm: channels-last tile {config.label} applies to filter_acts "
+            f"and image_acts, not weight_acts"
+        )
     if _is_wgradtm(op, config) and precision != "tf32":
         raise ValueError(
             f"conv_igemm: wgmma tile {config.label} runs TF32 only, not precision "
@@ -1368,6 +1414,7 @@ def _consts(
         AVEC=avec,
         STAGE_C=int(config.stage_c and config.can_stage_c()),
         WGMMA=int(config.wgmma),
+        BNHWC=int(config.nhwc),
     )
     consts["name"] = _kernel_name(**consts)
     return consts
@@ -1378,6 +1425,7 @@ def _kernel_name(op: str, **c: Any) -> str:
     prec = "3xtf32" if c["SPLIT"] == 3 else "tf32"
     flags = ("_av4" if c["AVEC"] == 4 else "") + ("_cst" if c["STAGE_C"] else "")
     flags += "_wgmma" if c.get("WGMMA") else ""
+    flags += "_nhwc" if c.get("BNHWC") else ""
     return (
         f"conv_igemm_{op}_k{c['KH']}x{c['KW']}_s{c['SH']}x{c['SW']}"
         f"_p{c['PH']}x{c['PW']}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}"
@@ -1718,6 +1766,24 @@ def _recipe(
     return recipe
 
 
+def _channels_last(t: Any, device: int) -> Any:
+    """(B, C, H, W) -> its C-contiguous (B, H, W, C) copy on ``device``, as
+    a (B, H*W, C) array: the tiled transpose of
+    :func:`cc2ops.cuda.basic.contiguous` over that view of ``t``; ``t``
+    itself when the layouts agree (H*W or C is 1) and it is 16-byte aligned
+    (the kernel's 16-byte copies), else a fresh copy."""
+    from cc2ops.cuda import array
+    from cc2ops.cuda.basic import contiguous, make_view
+
+    b, c, h, w = (int(v) for v in t.shape)
+    item = np.dtype(t.dtype).itemsize
+    view = make_view(t, (b, h * w, c), (c * h * w * item, item, h * w * item))
+    out = contiguous(view, device)
+    if array.ptr(out) % 16:
+        out = array.copy(out, device)
+    return out
+
+
 def _run(
     op: str,
     a: Any,
@@ -1760,6 +1826,8 @@ def _run(
                [a, wp, np.int32(d["G"]), np.int32(d["Cg"]), np.int32(d["Fg"])],
                device)  # fmt: skip
         a = wp
+    if p.config.nhwc:
+        b = _channels_last(b, device)
     launch(r.fn, p.grid, p.block, [a, b, target, *r.static_args], device,
            shared_mem=p.shared_bytes)  # fmt: skip
     if p.splits > 1:
@@ -1868,6 +1936,11 @@ def _variants() -> list[dict[str, Any]]:
     conv2 = _geom(64, 192, 27, 5, 1, 2)
     conv1 = _geom(3, 64, 224, 11, 4, 2)
     res14 = _geom(64, 64, 14, 3, 1, 1)  # Ho*Wo % 4 == 0: 16-byte dy copies
+    res14s2 = _geom(64, 64, 14, 3, 2, 1)
+
+    def _tile(nhwc: bool, bm: int = 128, bn: int = 128) -> TileConfig:
+        return next(t for t in WGMMA_TILES if (t.nhwc, t.bm, t.bn) == (nhwc, bm, bn))
+
     original = replace(TILES[0], vec=False, stage_c=False)
     return [
         _consts("filter_acts", conv3, TILES[0], "tf32"),
@@ -1886,6 +1959,13 @@ def _variants() -> list[dict[str, Any]]:
         _consts("image_acts", conv3, WGMMA_TILES[1], "tf32"),
         _consts("filter_acts", conv2, WGMMA_TILES[2], "tf32"),
         _consts("image_acts", conv2, replace(WGMMA_TILES[3], stage_c=False), "tf32"),
+        _consts("filter_acts", conv2, WGMMA_TILES[4], "tf32"),  # 3 warpgroups
+        _consts("image_acts", conv3, WGMMA_TILES[5], "tf32"),
+        # channels-last B: both passes, strides 1 and 2, 1 and 3 warpgroups
+        _consts("filter_acts", conv3, _tile(nhwc=True), "tf32"),
+        _consts("image_acts", conv3, _tile(nhwc=True, bm=192, bn=96), "tf32"),
+        _consts("filter_acts", res14s2, _tile(nhwc=True, bm=64), "tf32"),
+        _consts("image_acts", res14s2, _tile(nhwc=True), "tf32"),
         # the tap-major wgmma weight gradient: every tile shape, both dy copy
         # paths (aligned or not), both epilogues, strides 1 and 4
         _consts("weight_acts", conv3, WGMMA_WGRAD_TILES[0], "tf32"),

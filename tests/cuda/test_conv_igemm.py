@@ -518,7 +518,7 @@ def test_kernel_names_carry_the_specialisation():
 
     load_gpu_op_modules()
     names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
-    assert 4 <= len(names) <= 20 and len(set(names)) == len(names)
+    assert 4 <= len(names) <= 32 and len(set(names)) == len(names)
     for f, c in all_variants():
         if f == "conv_igemm":
             assert kernel_name(f, **c) == c["name"]
@@ -540,7 +540,12 @@ def test_kernel_names_carry_the_specialisation():
             (t.bm, t.bn, t.stages) for t in tiles
         }
     assert {c["AVEC"] for c in wg if c["op"] == "wgradtm"} == {1, 4}
-    assert all(c["name"].endswith("_wgmma_tf32") for c in wg)
+    # channels-last B: both passes, both strides of the registered geometries
+    for op in ("fwdtm", "dgradtm"):
+        assert {c["BNHWC"] for c in wg if c["op"] == op} == {0, 1}, op
+        assert {c["SH"] for c in wg if c["op"] == op and c["BNHWC"]} == {1, 2}, op
+    assert not any(c["BNHWC"] for c in consts if c["op"] == "wgradtm")
+    assert all("_wgmma" in c["name"] and c["name"].endswith("_tf32") for c in wg)
     assert {c["op"] for c in consts if c["AVEC"] == 4} == {
         "fwd",
         "wgrad",
@@ -562,7 +567,8 @@ SMEM_BASES = (0, 16, 1008)
 def test_wgmma_tiles_are_valid_and_fit_shared_memory():
     assert len(ci.WGMMA_TILES) == len(set(ci.WGMMA_TILES))
     for t in ci.WGMMA_TILES:
-        assert t.valid() and t.wgmma and t.tapmajor and t.label.endswith("_wgmma")
+        assert t.valid() and t.wgmma and t.tapmajor and "_wgmma" in t.label
+        assert t.label.endswith("_nhwc") == t.nhwc
         assert t.threads == 128 * (t.bm // 64) and t.warp_tile == (16, t.bn)
         pipeline = 4 * t.stages * (t.bm + t.bn) * 32 + 1024
         assert t.shared_bytes("filter_acts") == max(pipeline, 4 * t.stage_c_floats())
@@ -601,7 +607,8 @@ def test_wgmma_copies_cover_each_tile_once_free_of_bank_conflicts(config):
         np.testing.assert_array_equal(np.sort(off.ravel()), 4 * np.arange(rows * 32))
         for warp in range(threads // 32):
             lanes = slice(32 * warp, 32 * warp + 32)
-            if operand == "A":  # 16-byte vectors: 8 lanes per 128-byte wavefront
+            if operand == "A" or config.nhwc:
+                # 16-byte vectors: 8 lanes per 128-byte wavefront
                 rv, kv = r[lanes].reshape(32, -1, 4), k[lanes].reshape(32, -1, 4)
                 assert (rv == rv[..., :1]).all()
                 assert (kv == kv[..., :1] + np.arange(4)).all()
@@ -703,6 +710,36 @@ def test_emulated_wgmma_block_reproduces_the_product(config):
         np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="not a valid wgmma tile"):
         ci.emulate_wgmma_block(ci.TAP_TILES[1], a, b)
+
+
+def test_channels_last_tiles_rules():
+    """nhwc: wgmma tiles of filter_acts and image_acts only; b_offset's
+    nhwc offsets index the channels-last copy (emulate reads through them)."""
+    nh = [t for t in ci.WGMMA_TILES if t.nhwc]
+    assert {(t.bm, t.bn, t.stages) for t in nh} == {
+        (t.bm, t.bn, t.stages) for t in ci.WGMMA_TILES if not t.nhwc
+    }
+    assert not dataclasses.replace(ci.TAP_TILES[0], nhwc=True).valid()
+    g = geom(3, 64, (5, 6), 64, 3, 1, 1)
+    with pytest.raises(ValueError, match="not weight_acts"):
+        ci.plan("weight_acts", g, "tf32", dataclasses.replace(
+            ci.WGMMA_WGRAD_TILES[0], nhwc=True))  # fmt: skip
+    with pytest.raises(ValueError, match="nhwc applies to filter_acts"):
+        ci.b_offset("weight_acts", g, 0, np.arange(4), np.arange(4), nhwc=True)
+    assert ci.plan("image_acts", g, "tf32", nh[0]).consts["BNHWC"] == 1
+    assert (
+        ci.plan("image_acts", g, "tf32", nh[0])
+        .consts["name"]
+        .endswith("_wgmma_nhwc_tf32")
+    )
+    x = np.arange(3 * 64 * 30, dtype=np.float64).reshape(3, 64, 5, 6)
+    xh = ci.channels_last(x)
+    k = np.arange(64)[:, None]  # tap-major k of tap 0: the channels
+    n = np.arange(90)[None, :]
+    off, ok = ci.b_offset("filter_acts", g, 0, k, n, tapmajor=True, nhwc=True)
+    ref, ref_ok = ci.b_offset("filter_acts", g, 0, k, n, tapmajor=True)
+    np.testing.assert_array_equal(ok, ref_ok)
+    np.testing.assert_array_equal(xh.ravel()[off[ok]], x.ravel()[ref[ok]])
 
 
 @pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
@@ -951,7 +988,7 @@ def test_wgmma_kernels_compile_for_sm_90a(tmp_path, monkeypatch):
 
 
 #: Prints the C helpers' copy maps, swizzle and descriptors (THREADS,
-#: A_COPIES, B_COPIES are replaced by the tile's values).
+#: A_COPIES and B_LINE, B's copy loop, are replaced by the tile's).
 _HARNESS = r"""
 #include <cstdio>
 int main()
@@ -959,9 +996,7 @@ int main()
     for (int t = 0; t < THREADS; ++t) {
         printf("A %d", wgmma_a_k(t));
         for (int e = 0; e < A_COPIES; ++e) printf(" %d", wgmma_a_row(t, e));
-        printf("\nB %d", wgmma_b_col(t));
-        for (int c = 0; c < 8; ++c)
-            for (int s = 0; s < B_COPIES; ++s) printf(" %d", wgmma_b_k(t, c, s));
+        B_LINE
         printf("\n");
     }
     for (int r = 0; r < 256; ++r)
@@ -991,7 +1026,7 @@ def _run_host_harness(nvcc: str, tmp_path, source: str):
 
 @pytest.mark.parametrize(
     "config",
-    {(t.bm, t.bn): t for t in ci.WGMMA_TILES}.values(),  # distinct copy maps
+    {(t.bm, t.bn, t.nhwc): t for t in ci.WGMMA_TILES}.values(),  # distinct maps
     **WG_IDS,
 )
 def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
@@ -1006,7 +1041,21 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     source = render("conv_igemm", **ci.plan("filter_acts", g, "tf32", config).consts)
     harness = _HARNESS.replace("THREADS", str(config.threads))
     harness = harness.replace("A_COPIES", str(config.bm * 8 // config.threads))
-    harness = harness.replace("B_COPIES", str(4 // (config.threads // config.bn)))
+    if config.nhwc:  # B's rows copied as A's: wgmma_a_row / wgmma_a_k, bn rows
+        b_line = (
+            'printf("\\nB %d", wgmma_a_k(t));\n'
+            f"        for (int e = 0; e < {config.bn * 8 // config.threads}; ++e)"
+            ' printf(" %d", wgmma_a_row(t, e));'
+        )
+    else:
+        copies = 4 // (config.threads // config.bn)
+        b_line = (
+            'printf("\\nB %d", wgmma_b_col(t));\n'
+            "        for (int c = 0; c < 8; ++c)\n"
+            f"            for (int s = 0; s < {copies}; ++s)"
+            ' printf(" %d", wgmma_b_k(t, c, s));'
+        )
+    harness = harness.replace("B_LINE", b_line)
     run = _run_host_harness(nvcc, tmp_path, source + harness)
     lines = [ln.split() for ln in run.stdout.splitlines()]
     ra, ka = ci.wgmma_load_map(config, "A")
@@ -1015,8 +1064,12 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     b_rows = np.array([[int(v) for v in ln[1:]] for ln in lines if ln[0] == "B"])
     np.testing.assert_array_equal(a_rows[:, 0], ka[:, 0])  # the vector's first k
     np.testing.assert_array_equal(a_rows[:, 1:], ra[:, ::4])
-    np.testing.assert_array_equal(b_rows[:, 0], rb[:, 0])
-    np.testing.assert_array_equal(b_rows[:, 1:], kb)
+    if config.nhwc:
+        np.testing.assert_array_equal(b_rows[:, 0], kb[:, 0])
+        np.testing.assert_array_equal(b_rows[:, 1:], rb[:, ::4])
+    else:
+        np.testing.assert_array_equal(b_rows[:, 0], rb[:, 0])
+        np.testing.assert_array_equal(b_rows[:, 1:], kb)
     s = np.array([int(ln[1]) for ln in lines if ln[0] == "S"]).reshape(256, 32)
     r, k = np.meshgrid(np.arange(256), np.arange(32), indexing="ij")
     np.testing.assert_array_equal(s, ci.wgmma_smem_offset(r, k))
@@ -1294,7 +1347,8 @@ def test_gpu_wgmma_through_the_conv_ops_and_accumulate(config, debug):
     from cc2ops.cuda import conv as gconv
 
     needs_wgmma()
-    g = geom(5, 64, (9, 7), 96, 3, 2, 1)
+    # 96 channels and filters: the 192-row tiles are candidates of both passes
+    g = geom(5, 96, (9, 7), 96, 3, 2, 1)
     x, w, dy = tensors(g, seed=4)
     kw = dict(conv_args(g), precision="tf32", device=0)
     name = gconv.Igemm(config).name
@@ -1327,6 +1381,17 @@ def test_gpu_wgmma_rejected_off_compute_capability_9_0(debug):
         pytest.skip("device 0 runs the wgmma tiles")
     with pytest.raises(ValueError, match="needs compute capability 9.0"):
         run_gpu("filter_acts", geom(2, 32, 5, 32, 3, 1, 1), "tf32", ci.WGMMA_TILES[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+def test_gpu_channels_last_from_misaligned_and_1x1_inputs(op, debug):
+    """nhwc tiles read a fresh aligned channels-last copy: from a misaligned
+    view, and from 1x1 images (where the copy would be the input itself)."""
+    needs_wgmma()
+    config = next(t for t in ci.WGMMA_TILES if t.nhwc)
+    for g in (geom(5, 64, (9, 7), 96, 3, 1, 1), geom(7, 64, 1, 64, 1, 1, 0)):
+        check(op, g, "tf32", config, label=f"nhwc misaligned {g}", misaligned=True)
 
 
 @pytest.mark.gpu

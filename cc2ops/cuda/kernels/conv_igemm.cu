@@ -865,6 +865,73 @@ extern "C" __global__ void ${name}_sum(
             const int kstep = ${step} * OHW;
 %   endif
 </%def>\
+<%def name="nhwc_b_pixels()">\
+## BNHWC = 1: the pixels of the B rows this thread copies (rows
+## wgmma_a_row(tid, e), as A's), decoded once (conv_igemm.b_offset, nhwc).
+<%
+NBR = BN * 8 // THREADS
+%>\
+    // B channels-last: row r of the tile is pixel n0 + r, its 32 k one tap's
+    // 32 consecutive channels (filters): 16-byte copies, 8 threads per row,
+    // the map of A (wgmma_a_row, wgmma_a_k)
+    int b_img[${NBR}];  // the pixel's image times the pixels of an image
+    int b_row[${NBR}];  // fwd: oh*SH - PH; dgrad: ih + PH
+    int b_col[${NBR}];  // fwd: ow*SW - PW; dgrad: iw + PW
+    bool b_in[${NBR}];  // n < N
+#pragma unroll
+    for (int e = 0; e < ${NBR}; ++e) {
+        const int n = n0 + wgmma_a_row(tid, e);
+        const int img = fastdiv(n, d1_magic, d1_shift);
+        const int pix = n - img * ${"OHW" if IS_FWD else "HW"};
+        const int row = fastdiv(pix, d2_magic, d2_shift);
+        const int col = pix - row * ${"OW" if IS_FWD else "W"};
+        b_in[e] = n < N;
+%   if IS_FWD:
+        b_img[e] = img * HW;
+        b_row[e] = row * ${SH} - ${PH};
+        b_col[e] = col * ${SW} - ${PW};
+%   else:
+        b_img[e] = img * OHW;
+        b_row[e] = row + ${PH};
+        b_col[e] = col + ${PW};
+%   endif
+    }
+</%def>\
+<%def name="nhwc_b_copies()">\
+## BNHWC = 1: load_tile's B copies (conv_igemm.b_offset with nhwc=True).
+        {
+            // the whole slice is tap t = k0 / CK; kc0 its first channel (filter)
+            const int tap = k0 / ${"Cg" if op == "fwdtm" else "Fg"};
+            const int kc0 = k0 - tap * ${"Cg" if op == "fwdtm" else "Fg"};
+            const int u = tap / ${KW};
+            const int v = tap - u * ${KW};
+%   if op == "fwdtm":
+            // x as (B, H, W, C): xh[img][ih][iw][grp*Cg + kc0 + k]
+            const float* b_chan = bsrc + grp * Cg + kc0 + a_k;
+%   else:
+            // dy as (B, OH, OW, F): dyh[img][oh][ow][grp*Fg + kc0 + k]
+            const float* b_chan = bsrc + grp * Fg + kc0 + a_k;
+%   endif
+#pragma unroll
+            for (int e = 0; e < ${BN * 8 // THREADS}; ++e) {
+%   if op == "fwdtm":
+                const int ih = b_row[e] + u;
+                const int iw = b_col[e] + v;
+                const bool ok = b_in[e] && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+                const float* src = b_chan + (b_img[e] + ih * W + iw) * C;
+%   else:
+                const unsigned ohn = (unsigned)(b_row[e] - u);
+                const unsigned own = (unsigned)(b_col[e] - v);
+                const unsigned oh = ohn / ${SH};
+                const unsigned ow = own / ${SW};
+                const bool ok = b_in[e] && oh * ${SH} == ohn && ow * ${SW} == own
+                                && oh < (unsigned)OH && ow < (unsigned)OW;
+                const float* src = b_chan + (b_img[e] + (int)oh * OW + (int)ow) * F;
+%   endif
+                cp_async16(bs + sw128_offset(wgmma_a_row(tid, e), a_k), ok ? src : bsrc, ok);
+            }
+        }
+</%def>\
 <%def name="wgmma_mainloop()">\
 ## The WGMMA = 1 main loop (see "wgmma" in the doc block): leaves C's tile in
 ## acc[0][i][q], the layout of the mma.sync loop's acc[mt][nt][q] with MT = 1.
@@ -881,9 +948,13 @@ ${wgrad_load_tile()}\
     const int a_k = wgmma_a_k(tid);
     // a_offset(tap-major): wp[grp*rows + m][k], a row of K permuted weights
     const float* a_base = asrc + grp * ${"Fg" if op == "fwdtm" else "Cg"} * K;
+%   if BNHWC:
+${nhwc_b_pixels()}\
+%   else:
     // B: this thread's column for all its copies, its pixel decoded once
     const int bn_n = wgmma_b_col(tid);
 ${b_pixel()}\
+%   endif
 
     auto load_tile = [&](int stage, int k0) {
         const u32 as = smem0 + stage * ${STAGE_BYTES};
@@ -900,6 +971,9 @@ ${b_pixel()}\
                 cp_async16(as + sw128_offset(r, a_k), ok ? a_base + m * K + ka : asrc, ok);
             }
         }
+%   if BNHWC:
+${nhwc_b_copies()}\
+%   else:
         {
 ${tap_source(1)}\
 #pragma unroll
@@ -910,6 +984,7 @@ ${tap_source(1)}\
                     cp_async4(bs + sw128_offset(bn_n, kr), ok ? src0 + kr * kstep : bsrc, ok);
                 }
         }
+%   endif
     };
 % endif
 
