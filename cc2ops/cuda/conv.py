@@ -723,6 +723,7 @@ class Igemm:
         tm = "_tm" if getattr(c, "tapmajor", False) else ""
         tm += "_wgmma" if getattr(c, "wgmma", False) else ""
         tm += "_nhwc" if getattr(c, "nhwc", False) else ""
+        tm += "_sk" if getattr(c, "streamk", False) else ""
         return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}{tm}"
 
     def applies(self, op: str, g: ConvGeometry, dtype: Any, precision: str) -> bool:

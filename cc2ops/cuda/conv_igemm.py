@@ -163,6 +163,11 @@ __all__ = [
     "wgmma_load_map",
     "wgmma_accumulator_map",
     "emulate_wgmma_block",
+    "channels_last",
+    "streamk_grid",
+    "streamk_items",
+    "streamk_block_of",
+    "streamk_segments",
     "wgrad_copies",
     "emulate_wgrad_wgmma",
     "plan",
@@ -228,6 +233,12 @@ class TileConfig:
     (B, Ho, Wo, F), so that a B row (one pixel, one tap's ``bk`` channels)
     is 128 contiguous bytes: 16-byte copies, 8 threads per row, the map of
     A, instead of 4-byte copies gathered ``H*W`` floats apart.
+
+    ``streamk`` (``wgmma`` tiles of ``filter_acts`` and ``image_acts``): a
+    persistent grid of about one wave of blocks shares the (tile, k tile)
+    iterations evenly (:func:`streamk_items`), so a tile count just above a
+    whole number of waves costs no idle SMs; tiles split between blocks are
+    summed through a workspace by the block that finishes last.
     """
 
     bm: int
@@ -241,6 +252,7 @@ class TileConfig:
     tapmajor: bool = False
     wgmma: bool = False
     nhwc: bool = False
+    streamk: bool = False
 
     @property
     def threads(self) -> int:
@@ -260,7 +272,7 @@ class TileConfig:
             and self.stages >= 2
         )
         if not self.wgmma:
-            return ok and not self.nhwc
+            return ok and not self.nhwc and not self.streamk
         return (
             ok
             and (not self.nhwc or (self.bn * 8) % t == 0)
@@ -332,6 +344,7 @@ class TileConfig:
         flags += "_tm" if self.tapmajor else ""
         flags += "_wgmma" if self.wgmma else ""
         flags += "_nhwc" if self.nhwc else ""
+        flags += "_sk" if self.streamk else ""
         return (
             f"bm{self.bm}_bn{self.bn}_bk{self.bk}_w{self.wm}x{self.wn}_st{self.stages}"
             + flags
@@ -381,6 +394,10 @@ WGMMA_TILES = (
     _wg(64, 128, 4, nhwc=True),
     _wg(192, 192, 3, nhwc=True),
     _wg(192, 96, 3, nhwc=True),
+    # stream-K over about one wave of the big channels-last tiles
+    replace(_wg(128, 128, 4, nhwc=True), streamk=True),
+    replace(_wg(128, 256, 4, nhwc=True), streamk=True),
+    replace(_wg(192, 192, 3, nhwc=True), streamk=True),
 )
 
 #: Hopper warpgroup-MMA tiles of the tap-major weight gradient (op
@@ -715,6 +732,7 @@ def emulate(
     *,
     config: TileConfig | None = None,
     splits: int = 1,
+    streamk_blocks: int = 7,
 ) -> np.ndarray:
     """The convolution pass computed through the kernels' index maps, in float64.
 
@@ -724,7 +742,9 @@ def emulate(
     the tile-padded ranges of ``config`` (the predicates must zero the
     padding), products of ``weight_acts`` are cut into ``splits`` K slices
     stored at their :func:`c_offset` and summed in slice order, and every
-    element of the output must be written exactly once per slice.
+    element of the output must be written exactly once per slice. A
+    ``streamk`` tile multiplies tile by tile through the schedule of
+    ``streamk_blocks`` blocks (:func:`_streamk_product`).
     """
     config = config or TILES[0]
     if _is_wgradtm(op, config):
@@ -754,7 +774,12 @@ def emulate(
         store = (m < big_m) & (n < big_n)
         for s in range(splits):
             ks = slice(s * k_chunk, min(big_k, (s + 1) * k_chunk))
-            prod = big_a[:, ks] @ big_b[ks, :]
+            if config.streamk:
+                prod = _streamk_product(
+                    config, big_a, big_b, grp, d["G"], streamk_blocks
+                )
+            else:
+                prod = big_a[:, ks] @ big_b[ks, :]
             off = c_offset(op, g, grp, np.minimum(m, big_m - 1), n, split=s)
             off = np.where(store, off, 0)
             out[off[store]] = prod[store]
@@ -762,6 +787,55 @@ def emulate(
     if not (written == 1).all():
         raise AssertionError("conv_igemm.emulate: an output written never or twice")
     return out.reshape(splits, size).sum(axis=0).reshape(_out_shape(op, g))
+
+
+def _streamk_product(
+    config: TileConfig,
+    big_a: np.ndarray,
+    big_b: np.ndarray,
+    grp: int,
+    groups: int,
+    blocks: int,
+) -> np.ndarray:
+    """Group ``grp``'s tile-padded product as the stream-K kernel forms it:
+    each tile the sum, in :func:`streamk_segments` order, of its segments'
+    products over their k tiles (:func:`streamk_items`). Raises if a (tile,
+    k tile) is run never or twice, a block's slot holds two pending partials,
+    or a segment is not where the summing block looks for it."""
+    bm, bn, bk = config.bm, config.bn, config.bk
+    tm, tn, kt = big_a.shape[0] // bm, big_b.shape[1] // bn, big_a.shape[1] // bk
+    tiles = tm * tn * groups
+    total = tiles * kt
+    grid = min(blocks, total)
+    held: dict[tuple[int, int], tuple[int, int, int]] = {}
+    for b, mine in enumerate(streamk_items(tiles, kt, grid)):
+        for tile, lo, hi, slot in mine:
+            key = (b, slot) if (lo or hi != kt) else (b, -1 - tile)
+            if key in held:
+                raise AssertionError(f"conv_igemm: stream-K slot {key} reused")
+            held[key] = (tile, lo, hi)
+    prod = np.full((tm * bm, tn * bn), np.nan)
+    for nt in range(tn):
+        for mt in range(tm):
+            tile = (grp * tn + nt) * tm + mt
+            segs = streamk_segments(tile, kt, total, grid)
+            rows, cols = slice(mt * bm, (mt + 1) * bm), slice(nt * bn, (nt + 1) * bn)
+            covered = np.zeros(kt, dtype=np.int64)
+            acc = np.zeros((bm, bn))
+            for b, slot in segs:
+                key = (b, -1 - tile) if len(segs) == 1 else (b, slot)
+                if held.get(key, (None,))[0] != tile:
+                    raise AssertionError(
+                        f"conv_igemm: stream-K tile {tile}: no segment at {key}"
+                    )
+                _, lo, hi = held[key]
+                covered[lo:hi] += 1
+                ks = slice(lo * bk, hi * bk)
+                acc = acc + big_a[rows, ks] @ big_b[ks, cols]
+            if not (covered == 1).all():
+                raise AssertionError(f"conv_igemm: stream-K tile {tile} k coverage")
+            prod[rows, cols] = acc
+    return prod
 
 
 def load_map(
@@ -1184,6 +1258,73 @@ def emulate_wgmma_block(
     return out
 
 
+# --------------------------------------------------------------------------
+# stream-K: the schedule of the persistent wgmma tiles (the kernel's streamk_loop)
+# --------------------------------------------------------------------------
+
+
+#: Test hook: the blocks of every stream-K launch (None: one wave of them).
+STREAMK_GRID: int | None = None
+
+
+def streamk_grid(total: int, resident: int) -> int:
+    """Blocks of a stream-K launch: the resident blocks of one wave, at most
+    one per iteration (every block then runs at least one)."""
+    if total < 1 or resident < 1:
+        raise ValueError(
+            f"conv_igemm: stream-K needs iterations and blocks, got {total}, {resident}"
+        )
+    return min(int(total), int(resident))
+
+
+def _streamk_check(total: int, grid: int) -> None:
+    if not 1 <= grid <= total:
+        raise ValueError(
+            f"conv_igemm: stream-K grid {grid} outside [1, {total} iterations]"
+        )
+
+
+def streamk_items(tiles: int, kt: int, grid: int) -> list[list[tuple[int, ...]]]:
+    """Per block, its items ``(tile, kt_lo, kt_hi, slot)``: block ``b`` runs
+    iterations ``[T*b // grid, T*(b + 1) // grid)`` of ``T = tiles*kt``
+    (tile-major), cut at tile boundaries; ``slot`` (where a segment's partial
+    goes) is 0 for the block's first item and 1 for later ones."""
+    total = tiles * kt
+    _streamk_check(total, grid)
+    out = []
+    for b in range(grid):
+        it, stop = total * b // grid, total * (b + 1) // grid
+        mine, slot = [], 0
+        while it < stop:
+            tile = it // kt
+            lo = it - tile * kt
+            hi = min(kt, lo + stop - it)
+            it += hi - lo
+            mine.append((tile, lo, hi, slot))
+            slot = 1
+        out.append(mine)
+    return out
+
+
+def streamk_block_of(i: Any, total: int, grid: int) -> Any:
+    """The block whose run holds iteration ``i``: ``((i + 1)*grid - 1) // total``."""
+    _streamk_check(total, grid)
+    return ((np.asarray(i, np.int64) + 1) * grid - 1) // total
+
+
+def streamk_segments(
+    tile: int, kt: int, total: int, grid: int
+) -> list[tuple[int, int]]:
+    """``(block, slot)`` of each segment of ``tile``, in the order the last
+    arriving block sums them: the blocks holding its first to its last
+    iteration; the first one's slot is 1 when its run starts before the tile."""
+    first = tile * kt
+    b_first = int(streamk_block_of(first, total, grid))
+    b_last = int(streamk_block_of(first + kt - 1, total, grid))
+    first_slot = 1 if total * b_first // grid < first else 0
+    return [(b, first_slot if b == b_first else 0) for b in range(b_first, b_last + 1)]
+
+
 def wgrad_copies(
     config: TileConfig,
     g: ConvGeometry,
@@ -1386,6 +1527,11 @@ def _consts(
             f"conv_igemm: wgmma tile {config.label} runs TF32 with 16-byte A copies "
             f"only, not precision {precision!r} with {4 * avec}-byte copies"
         )
+    if config.streamk and op == "weight_acts":
+        raise ValueError(
+            f"conv_igemm: stream-K tile {config.label} applies to filter_acts and "
+            f"image_acts, not weight_acts"
+        )
     if config.nhwc and op == "weight_acts":
         raise ValueError(
             f"conv_igemm: channels-last tile {config.label} applies to filter_acts "
@@ -1415,6 +1561,7 @@ def _consts(
         STAGE_C=int(config.stage_c and config.can_stage_c()),
         WGMMA=int(config.wgmma),
         BNHWC=int(config.nhwc),
+        STREAMK=int(config.streamk),
     )
     consts["name"] = _kernel_name(**consts)
     return consts
@@ -1426,6 +1573,7 @@ def _kernel_name(op: str, **c: Any) -> str:
     flags = ("_av4" if c["AVEC"] == 4 else "") + ("_cst" if c["STAGE_C"] else "")
     flags += "_wgmma" if c.get("WGMMA") else ""
     flags += "_nhwc" if c.get("BNHWC") else ""
+    flags += "_sk" if c.get("STREAMK") else ""
     return (
         f"conv_igemm_{op}_k{c['KH']}x{c['KW']}_s{c['SH']}x{c['SW']}"
         f"_p{c['PH']}x{c['PW']}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}"
@@ -1455,6 +1603,8 @@ class Plan:
     block: int
     shared_bytes: int
     divisors: tuple[int, int]
+    #: stream-K: (M tiles, N tiles, k tiles per tile); the grid is (blocks, 1, 1)
+    streamk: tuple[int, int, int] | None = None
 
 
 def _slices(big_k: int, bk: int, splits: int) -> tuple[int, int]:
@@ -1587,6 +1737,12 @@ def plan(
         -(-big_m // config.bm),
         int(g.groups) * taps * splits,
     )
+    sk = None
+    if config.streamk:
+        sk = (grid[1], grid[0], -(-big_k // config.bk))
+        total = grid[0] * grid[1] * grid[2] * sk[2]
+        resident = STREAMK_GRID or num_sms * _blocks_per_sm(config, op)
+        grid = (streamk_grid(total, resident), 1, 1)
     return Plan(
         op=op,
         config=config,
@@ -1600,6 +1756,7 @@ def plan(
         block=config.threads,
         shared_bytes=config.shared_bytes(op),
         divisors=_divisors(op, g),
+        streamk=sk,
     )
 
 
@@ -1722,7 +1879,7 @@ def _recipe(
     from cc2ops.cuda.device import get_device
 
     dev = get_device(device)
-    key = (op, g, precision, dev.index, config, splits, aligned)
+    key = (op, g, precision, dev.index, config, splits, aligned, STREAMK_GRID)
     hit = _RECIPES.get(key)
     if hit is not None:
         return hit
@@ -1828,7 +1985,16 @@ def _run(
         a = wp
     if p.config.nhwc:
         b = _channels_last(b, device)
-    launch(r.fn, p.grid, p.block, [a, b, target, *r.static_args], device,
+    extra: list[Any] = []
+    if p.streamk is not None:
+        # stream-K: two partial slots of the tile per block, a zeroed
+        # counter per tile (the kernel zeroes the ones it used again)
+        tiles_m, tiles_n, kt = p.streamk
+        ws = array.empty((p.grid[0] * 2 * p.config.bm * p.config.bn,), np.float32,
+                         device)  # fmt: skip
+        flags = array.zeros((tiles_m * tiles_n * int(g.groups),), np.int32, device)
+        extra = [np.int32(tiles_m), np.int32(tiles_n), np.int32(kt), ws, flags]
+    launch(r.fn, p.grid, p.block, [a, b, target, *r.static_args, *extra], device,
            shared_mem=p.shared_bytes)  # fmt: skip
     if p.splits > 1:
         total = math.prod(out_shape)
@@ -1938,8 +2104,9 @@ def _variants() -> list[dict[str, Any]]:
     res14 = _geom(64, 64, 14, 3, 1, 1)  # Ho*Wo % 4 == 0: 16-byte dy copies
     res14s2 = _geom(64, 64, 14, 3, 2, 1)
 
-    def _tile(nhwc: bool, bm: int = 128, bn: int = 128) -> TileConfig:
-        return next(t for t in WGMMA_TILES if (t.nhwc, t.bm, t.bn) == (nhwc, bm, bn))
+    def _tile(nhwc: bool, bm: int = 128, bn: int = 128, sk: bool = False) -> TileConfig:
+        key = (nhwc, bm, bn, sk)
+        return next(t for t in WGMMA_TILES if (t.nhwc, t.bm, t.bn, t.streamk) == key)
 
     original = replace(TILES[0], vec=False, stage_c=False)
     return [
@@ -1966,6 +2133,9 @@ def _variants() -> list[dict[str, Any]]:
         _consts("image_acts", conv3, _tile(nhwc=True, bm=192, bn=96), "tf32"),
         _consts("filter_acts", res14s2, _tile(nhwc=True, bm=64), "tf32"),
         _consts("image_acts", res14s2, _tile(nhwc=True), "tf32"),
+        # stream-K: both passes, 2 and 3 warpgroups
+        _consts("filter_acts", conv3, _tile(True, 128, 256, sk=True), "tf32"),
+        _consts("image_acts", res14s2, _tile(True, 192, 192, sk=True), "tf32"),
         # the tap-major wgmma weight gradient: every tile shape, both dy copy
         # paths (aligned or not), both epilogues, strides 1 and 4
         _consts("weight_acts", conv3, WGMMA_WGRAD_TILES[0], "tf32"),

@@ -545,6 +545,12 @@ def test_kernel_names_carry_the_specialisation():
         assert {c["BNHWC"] for c in wg if c["op"] == op} == {0, 1}, op
         assert {c["SH"] for c in wg if c["op"] == op and c["BNHWC"]} == {1, 2}, op
     assert not any(c["BNHWC"] for c in consts if c["op"] == "wgradtm")
+    # stream-K: both passes, 2 and 3 warpgroups
+    sk = [c for c in wg if c["STREAMK"]]
+    assert {c["op"] for c in sk} == {"fwdtm", "dgradtm"}
+    assert {c["BM"] for c in sk} == {128, 192}
+    assert all(c["name"].endswith("_sk_tf32") for c in sk)
+    assert {c["STREAMK"] for c in consts} == {0, 1}
     assert all("_wgmma" in c["name"] and c["name"].endswith("_tf32") for c in wg)
     assert {c["op"] for c in consts if c["AVEC"] == 4} == {
         "fwd",
@@ -568,7 +574,7 @@ def test_wgmma_tiles_are_valid_and_fit_shared_memory():
     assert len(ci.WGMMA_TILES) == len(set(ci.WGMMA_TILES))
     for t in ci.WGMMA_TILES:
         assert t.valid() and t.wgmma and t.tapmajor and "_wgmma" in t.label
-        assert t.label.endswith("_nhwc") == t.nhwc
+        assert ("_nhwc" in t.label) == t.nhwc and t.label.endswith("_sk") == t.streamk
         assert t.threads == 128 * (t.bm // 64) and t.warp_tile == (16, t.bn)
         pipeline = 4 * t.stages * (t.bm + t.bn) * 32 + 1024
         assert t.shared_bytes("filter_acts") == max(pipeline, 4 * t.stage_c_floats())
@@ -710,6 +716,71 @@ def test_emulated_wgmma_block_reproduces_the_product(config):
         np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="not a valid wgmma tile"):
         ci.emulate_wgmma_block(ci.TAP_TILES[1], a, b)
+
+
+@pytest.mark.parametrize(
+    "tiles, kt, grid",
+    [(1, 1, 1), (1, 9, 4), (3, 7, 2), (5, 3, 15), (338, 108, 132), (13, 5, 12),
+     (7, 1, 5), (4, 6, 5)],
+)  # fmt: skip
+def test_streamk_schedule_covers_every_iteration_once(tiles, kt, grid):
+    total = tiles * kt
+    items = ci.streamk_items(tiles, kt, grid)
+    assert len(items) == grid and all(items)  # every block runs something
+    seen = np.zeros((tiles, kt), dtype=np.int64)
+    where = {}  # (tile, block) -> (lo, hi, slot)
+    for b, mine in enumerate(items):
+        lo_it = total * b // grid
+        assert mine[0][1] == lo_it % kt and mine[0][3] == 0
+        assert all(slot == 1 for *_, slot in mine[1:])
+        # only the first and the last item may be segments of a tile
+        for _tile, lo, hi, _slot in mine[1:-1]:
+            assert (lo, hi) == (0, kt)
+        for tile, lo, hi, slot in mine:
+            seen[tile, lo:hi] += 1
+            where[tile, b] = (lo, hi, slot)
+            blocks = ci.streamk_block_of(np.arange(tile * kt + lo, tile * kt + hi),
+                                         total, grid)  # fmt: skip
+            assert (blocks == b).all()
+    assert (seen == 1).all()
+    for tile in range(tiles):
+        segs = ci.streamk_segments(tile, kt, total, grid)
+        blocks = [b for t, b in where if t == tile]
+        assert [b for b, _ in segs] == sorted(blocks)
+        los = [where[tile, b][0] for b, _ in segs]
+        assert los == sorted(los) and los[0] == 0
+        for b, slot in segs:
+            if len(segs) > 1:
+                assert where[tile, b][2] == slot
+    for bad in (0, total + 1):
+        with pytest.raises(ValueError, match="stream-K grid"):
+            ci.streamk_items(tiles, kt, bad)
+    assert ci.streamk_grid(total, 10**9) == total
+    assert ci.streamk_grid(total, 3) == min(3, total)
+
+
+def test_streamk_plan_and_rules(monkeypatch):
+    g = geom(128, 384, 13, 256, 3, 1, 1)  # AlexNet conv4
+    sk = next(t for t in ci.WGMMA_TILES if t.streamk and (t.bm, t.bn) == (128, 128))
+    p = ci.plan("filter_acts", g, "tf32", sk, num_sms=132)
+    # 2 x 169 tiles of 108 k tiles: one wave of 132 blocks (one per SM)
+    assert p.streamk == (2, 169, 108) and p.grid == (132, 1, 1)
+    assert p.consts["STREAMK"] == 1 and p.consts["name"].endswith("_nhwc_sk_tf32")
+    monkeypatch.setattr(ci, "STREAMK_GRID", 7)
+    assert ci.plan("image_acts", g, "tf32", sk).grid == (7, 1, 1)
+    tiny = geom(1, 32, 2, 32, 1)  # one tile of one k tile: one block
+    assert ci.plan("filter_acts", tiny, "tf32", sk).grid == (1, 1, 1)
+    with pytest.raises(ValueError, match="not weight_acts"):
+        ci.plan("weight_acts", g, "tf32", dataclasses.replace(
+            ci.WGMMA_WGRAD_TILES[0], streamk=True))  # fmt: skip
+    assert not dataclasses.replace(ci.TAP_TILES[0], streamk=True).valid()
+    assert gconv_name(sk).endswith("_nhwc_sk")
+
+
+def gconv_name(config):
+    from cc2ops.cuda import conv as gconv
+
+    return gconv.Igemm(config).name
 
 
 def test_channels_last_tiles_rules():
@@ -1392,6 +1463,26 @@ def test_gpu_channels_last_from_misaligned_and_1x1_inputs(op, debug):
     config = next(t for t in ci.WGMMA_TILES if t.nhwc)
     for g in (geom(5, 64, (9, 7), 96, 3, 1, 1), geom(7, 64, 1, 64, 1, 1, 0)):
         check(op, g, "tf32", config, label=f"nhwc misaligned {g}", misaligned=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["filter_acts", "image_acts"])
+@pytest.mark.parametrize(
+    "config", [t for t in ci.WGMMA_TILES if t.streamk], ids=lambda t: t.label
+)
+def test_gpu_streamk_grids_and_repeat(op, config, monkeypatch, debug):
+    """Every grid from one block (all tiles in one run) to one block per
+    iteration (every tile summed from k-tile segments); a repeated launch
+    (the counters zeroed again) gives the same bits."""
+    needs_wgmma()
+    g = geom(33, 64, (9, 7), 96, 3, 1, 1)  # partial tiles along M and N
+    for grid in (1, 2, 3, 7, 64, 10**6, None):
+        monkeypatch.setattr(ci, "STREAMK_GRID", grid)
+        label = f"stream-K grid {grid}"
+        check(op, g, "tf32", config, label=label)
+    first, _ = run_gpu(op, g, "tf32", config, seed=3)
+    again, _ = run_gpu(op, g, "tf32", config, seed=3)
+    np.testing.assert_array_equal(first, again)
 
 
 @pytest.mark.gpu

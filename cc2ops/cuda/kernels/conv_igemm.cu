@@ -36,6 +36,11 @@ Constants
                  "wgmma" below (sm_90a only; fwdtm, dgradtm and wgradtm,
                  SPLIT 1, AVEC 4 (wgradtm: 4 or 1), BK 32, WN 1, WM = BM/16);
                  0: mma.sync
+  BNHWC          1 (WGMMA, fwdtm and dgradtm): B's tensor is the channels-last
+                 copy, x as (B, H, W, C) or dy as (B, OH, OW, F): a B row is
+                 one pixel's 32 channels of one tap, 128 contiguous bytes,
+                 copied in 16-byte cp.async by the map of A (nhwc_b_copies)
+  STREAMK        1 (WGMMA, fwdtm and dgradtm): the stream-K schedule below
 
 Shared-memory layouts (floats): A is [BM][BK + 8] (k contiguous); B is
 [BK][BN + 4] (n contiguous: fwd, dgrad) or [BN][BK + 8] (k contiguous: wgrad),
@@ -81,6 +86,19 @@ functions specify and emulate every map below, under the same names)
   Precision: the tensor cores drop the low 13 mantissa bits of the fp32 data
   they read (truncation), so ${name}_wperm rounds the weights to TF32 once;
   the activations are truncated.
+
+stream-K (STREAMK = 1; conv_igemm.py's streamk_* functions and
+emulate_streamk)
+  A persistent grid of G blocks shares the iterations (tile, k tile) of all
+  tiles x ktiles, tile-major (tile = (grp*tiles_n + n tile)*tiles_m + m tile):
+  block b runs [T*b/G, T*(b+1)/G), T their count, G <= T, so every block
+  runs at least one and whole waves of tiles no longer leave SMs idle. Each
+  maximal run inside one tile is an item: a whole tile is stored as usual;
+  a segment of a tile writes its accumulators to ws[b][slot] ([NACC]
+  [THREADS], slot 0 for the block's first item, 1 for a later one), then
+  counts itself on flags[tile]; the segment that arrives last sums every
+  segment's partial in block order (its own read back too), zeroes the
+  flag for the next launch and stores the tile. No block waits for another.
 
 wgmma weight gradient (op "wgradtm"; conv_igemm.py's wgrad_* functions)
   Per filter tap t = u*KW + v: C[f, c] = sum over pixels k = (img*OH + oh)*OW
@@ -164,7 +182,13 @@ MIN_BLOCKS = 2 if 2 * (STAGES * STAGE_BYTES + 2048) <= 228 * 1024 else 1
     float* __restrict__ out,
     int C, int H, int W, int F, int OH, int OW, int Cg, int Fg,
     int M, int N, int K, int k_chunk, int groups,
-    u32 d1_magic, u32 d1_shift, u32 d2_magic, u32 d2_shift</%def>
+    u32 d1_magic, u32 d1_shift, u32 d2_magic, u32 d2_shift\
+% if STREAMK:
+,
+    int sk_tiles_m, int sk_tiles_n, int sk_kt, float* __restrict__ sk_ws,
+    int* __restrict__ sk_flags\
+% endif
+</%def>
 // n / d for n < 2^31 with (magic, shift) from conv_igemm.fastdiv_magic(d).
 __device__ __forceinline__ int fastdiv(int n, u32 magic, u32 shift)
 {
@@ -369,6 +393,10 @@ extern "C" __global__ void ${name}(${params()})
     const int tig = lane & 3;
     const int warp_m = warp / ${WN};
     const int warp_n = warp % ${WN};
+% if STREAMK:
+${streamk_loop()}\
+}
+% else:
     const int n0 = blockIdx.x * ${BN};
     const int m0 = blockIdx.y * ${BM};
     const int grp = blockIdx.z % groups;
@@ -659,108 +687,9 @@ ${tap_source(B_STEP)}\
     cp_async_wait<0>();
 % endif
 
-% if IS_FWD:
-<%  ROW = "(grp * Fg + m) * OHW" %>
-% elif IS_DGRAD:
-<%  ROW = "(grp * Cg + m) * HW" %>
-% elif op == "wgradtm":
-<%  ROW = "(grp * Fg + m) * N * " + str(KHKW) + " + tap" %>
-% else:
-<%  ROW = "(grp * Fg + m) * N" %>
-% endif
-<%def name="col_offset(n)">\
-% if IS_FWD:
-            // c_offset(fwd): y[img][grp*Fg + m][pix], n = img*OHW + pix
-            const int img = fastdiv(${n}, d1_magic, d1_shift);
-            const int off = img * F * OHW + (${n} - img * OHW);
-% elif IS_DGRAD:
-            // c_offset(dgrad): dx[img][grp*Cg + m][pix], n = img*HW + pix
-            const int img = fastdiv(${n}, d1_magic, d1_shift);
-            const int off = img * C * HW + (${n} - img * HW);
-% elif op == "wgradtm":
-            // c_offset(wgradtm): ws[split][grp*Fg + m][n][tap] (dw itself
-            // when split = 0), n a channel
-            const int off = ${n} * ${KHKW};
-% else:
-            // c_offset(wgrad): ws[split][grp*Fg + m][n] (dw itself when split = 0)
-            const int off = ${n};
-% endif
-</%def>
-% if op == "wgrad":
-    float* out_base = out + split * F * N;
-% elif op == "wgradtm":
-    float* out_base = out + split * F * N * ${KHKW};
-% else:
-    float* out_base = out;
-% endif
-    // epilogue: acc[mt][nt][h*2 + j] is C[row m][column n] with
-    // m = m0 + warp_m*WTM + mt*16 + gid + 8h, n = n0 + warp_n*WTN + nt*8 + 2*tig + j
-% if STAGE_C:
-    // Staged through this warp's [16][SC] buffer, one mt row block at a time:
-    // written as float2 from the fragments, read back by rows, lane = column,
-    // so each store instruction covers 32 consecutive n of one row.
-    __syncthreads();  // every warp is done reading the pipeline's buffers
-    float* stg = As + warp * ${16 * SC};
-    int col_off[${WTN // 32}];
-    bool col_ok[${WTN // 32}];
-#pragma unroll
-    for (int c = 0; c < ${WTN // 32}; ++c) {
-        const int n = n0 + warp_n * ${WTN} + c * 32 + lane;
-        col_ok[c] = n < N;
-        {
-${col_offset("n")}
-            col_off[c] = off;
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < ${MT}; ++mt) {
-        __syncwarp();  // the previous block's reads are done
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int nt = 0; nt < ${NT}; ++nt)
-                *reinterpret_cast<float2*>(stg + (gid + 8 * h) * ${SC} + nt * 8 + 2 * tig) =
-                    make_float2(acc[mt][nt][h * 2], acc[mt][nt][h * 2 + 1]);
-        __syncwarp();
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            const int m = m0 + warp_m * ${WTM} + mt * 16 + r;
-            if (m >= M) break;  // warp-uniform; rows only grow
-            const int row_off = ${ROW};
-#pragma unroll
-            for (int c = 0; c < ${WTN // 32}; ++c)
-                if (col_ok[c]) out_base[row_off + col_off[c]] = stg[r * ${SC} + c * 32 + lane];
-        }
-    }
-% else:
-    int col_off[${NT}][2];
-    bool col_ok[${NT}][2];
-#pragma unroll
-    for (int nt = 0; nt < ${NT}; ++nt)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int n = n0 + warp_n * ${WTN} + nt * 8 + 2 * tig + j;
-            col_ok[nt][j] = n < N;
-            {
-${col_offset("n")}
-                col_off[nt][j] = off;
-            }
-        }
-#pragma unroll
-    for (int mt = 0; mt < ${MT}; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int m = m0 + warp_m * ${WTM} + mt * 16 + gid + 8 * h;
-            if (m >= M) continue;
-            const int row_off = ${ROW};
-#pragma unroll
-            for (int nt = 0; nt < ${NT}; ++nt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (col_ok[nt][j]) out_base[row_off + col_off[nt][j]] = acc[mt][nt][h * 2 + j];
-        }
-% endif
+${epilogue()}\
 }
+% endif
 % if TAPM:
 
 // The weights in this module's tap-major K order (conv_igemm.permuted_weights):
@@ -1101,4 +1030,175 @@ ${tap_source(1)}\
             }
         }
     };
+</%def>\
+<%def name="epilogue()">\
+## C's tile (acc) to the output: the end of every kernel of the template.
+% if IS_FWD:
+<%  ROW = "(grp * Fg + m) * OHW" %>
+% elif IS_DGRAD:
+<%  ROW = "(grp * Cg + m) * HW" %>
+% elif op == "wgradtm":
+<%  ROW = "(grp * Fg + m) * N * " + str(KHKW) + " + tap" %>
+% else:
+<%  ROW = "(grp * Fg + m) * N" %>
+% endif
+<%def name="col_offset(n)">\
+% if IS_FWD:
+            // c_offset(fwd): y[img][grp*Fg + m][pix], n = img*OHW + pix
+            const int img = fastdiv(${n}, d1_magic, d1_shift);
+            const int off = img * F * OHW + (${n} - img * OHW);
+% elif IS_DGRAD:
+            // c_offset(dgrad): dx[img][grp*Cg + m][pix], n = img*HW + pix
+            const int img = fastdiv(${n}, d1_magic, d1_shift);
+            const int off = img * C * HW + (${n} - img * HW);
+% elif op == "wgradtm":
+            // c_offset(wgradtm): ws[split][grp*Fg + m][n][tap] (dw itself
+            // when split = 0), n a channel
+            const int off = ${n} * ${KHKW};
+% else:
+            // c_offset(wgrad): ws[split][grp*Fg + m][n] (dw itself when split = 0)
+            const int off = ${n};
+% endif
+</%def>
+% if op == "wgrad":
+    float* out_base = out + split * F * N;
+% elif op == "wgradtm":
+    float* out_base = out + split * F * N * ${KHKW};
+% else:
+    float* out_base = out;
+% endif
+    // epilogue: acc[mt][nt][h*2 + j] is C[row m][column n] with
+    // m = m0 + warp_m*WTM + mt*16 + gid + 8h, n = n0 + warp_n*WTN + nt*8 + 2*tig + j
+% if STAGE_C:
+    // Staged through this warp's [16][SC] buffer, one mt row block at a time:
+    // written as float2 from the fragments, read back by rows, lane = column,
+    // so each store instruction covers 32 consecutive n of one row.
+    __syncthreads();  // every warp is done reading the pipeline's buffers
+    float* stg = As + warp * ${16 * SC};
+    int col_off[${WTN // 32}];
+    bool col_ok[${WTN // 32}];
+#pragma unroll
+    for (int c = 0; c < ${WTN // 32}; ++c) {
+        const int n = n0 + warp_n * ${WTN} + c * 32 + lane;
+        col_ok[c] = n < N;
+        {
+${col_offset("n")}
+            col_off[c] = off;
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < ${MT}; ++mt) {
+        __syncwarp();  // the previous block's reads are done
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int nt = 0; nt < ${NT}; ++nt)
+                *reinterpret_cast<float2*>(stg + (gid + 8 * h) * ${SC} + nt * 8 + 2 * tig) =
+                    make_float2(acc[mt][nt][h * 2], acc[mt][nt][h * 2 + 1]);
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+            const int m = m0 + warp_m * ${WTM} + mt * 16 + r;
+            if (m >= M) break;  // warp-uniform; rows only grow
+            const int row_off = ${ROW};
+#pragma unroll
+            for (int c = 0; c < ${WTN // 32}; ++c)
+                if (col_ok[c]) out_base[row_off + col_off[c]] = stg[r * ${SC} + c * 32 + lane];
+        }
+    }
+% else:
+    int col_off[${NT}][2];
+    bool col_ok[${NT}][2];
+#pragma unroll
+    for (int nt = 0; nt < ${NT}; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int n = n0 + warp_n * ${WTN} + nt * 8 + 2 * tig + j;
+            col_ok[nt][j] = n < N;
+            {
+${col_offset("n")}
+                col_off[nt][j] = off;
+            }
+        }
+#pragma unroll
+    for (int mt = 0; mt < ${MT}; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + warp_m * ${WTM} + mt * 16 + gid + 8 * h;
+            if (m >= M) continue;
+            const int row_off = ${ROW};
+#pragma unroll
+            for (int nt = 0; nt < ${NT}; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    if (col_ok[nt][j]) out_base[row_off + col_off[nt][j]] = acc[mt][nt][h * 2 + j];
+        }
+% endif
+</%def>\
+<%def name="streamk_loop()">\
+## STREAMK = 1: the kernel body after the thread indices (see "stream-K" in
+## the doc block; conv_igemm.streamk_items and emulate_streamk are its twins).
+    const int HW = H * W;
+    const int OHW = OH * OW;
+    // this block's run [it, it_stop) of the iterations (tile, k tile), tile-major
+    const int sk_tiles = sk_tiles_m * sk_tiles_n * groups;
+    const long long sk_total = (long long)sk_tiles * sk_kt;
+    long long it = sk_total * blockIdx.x / gridDim.x;
+    const long long it_stop = sk_total * (blockIdx.x + 1) / gridDim.x;
+    int sk_slot = 0;  // this block's first item writes its partial to slot 0, a later one to 1
+    __shared__ int sk_last;
+    while (it < it_stop) {
+        const int tile = (int)(it / sk_kt);
+        const int kt_lo = (int)(it - (long long)tile * sk_kt);
+        const int kt_hi = (int)min((long long)sk_kt, kt_lo + (it_stop - it));
+        it += kt_hi - kt_lo;
+        const int slot = sk_slot;
+        sk_slot = 1;
+        // tile = (grp * tiles_n + n tile) * tiles_m + m tile
+        const int m0 = (tile % sk_tiles_m) * ${BM};
+        const int n0 = (tile / sk_tiles_m % sk_tiles_n) * ${BN};
+        const int grp = tile / (sk_tiles_m * sk_tiles_n);
+        const int k_begin = kt_lo * ${BK};
+        const int k_end = min(K, kt_hi * ${BK});
+        const int ktiles = kt_hi - kt_lo;
+${wgmma_mainloop()}\
+        if (kt_lo != 0 || kt_hi != sk_kt) {
+            // one segment of a tile that several blocks share: its partial
+            // goes to ws[block][slot] as [NACC][THREADS]; the segment that
+            // arrives last sums them all in block order (deterministic)
+            // and stores the tile
+            float* mine = sk_ws + ((size_t)blockIdx.x * 2 + slot) * ${NACC * THREADS};
+#pragma unroll
+            for (int i = 0; i < ${NACC // 4}; ++i)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) mine[(i * 4 + q) * ${THREADS} + tid] = acc[0][i][q];
+            __threadfence();
+            __syncthreads();
+            // the tile's blocks: those holding its first and its last iteration
+            const long long t_first = (long long)tile * sk_kt;
+            const int b_first = (int)(((t_first + 1) * gridDim.x - 1) / sk_total);
+            const int b_last = (int)(((t_first + sk_kt) * gridDim.x - 1) / sk_total);
+            if (tid == 0) sk_last = atomicAdd(sk_flags + tile, 1) == b_last - b_first;
+            __syncthreads();
+            if (!sk_last) continue;
+            __threadfence();
+            if (tid == 0) sk_flags[tile] = 0;  // zero again for the next launch
+            // b_first's segment is its last item (slot 1) when its run starts
+            // before the tile; the sum reads this block's own partial back too
+            const int first_slot = sk_total * b_first / gridDim.x < t_first ? 1 : 0;
+            for (int b = b_first; b <= b_last; ++b) {
+                const float* part = sk_ws + ((size_t)b * 2 + (b == b_first ? first_slot : 0))
+                                            * ${NACC * THREADS} + tid;
+#pragma unroll
+                for (int i = 0; i < ${NACC // 4}; ++i)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float v = __ldcg(part + (i * 4 + q) * ${THREADS});
+                        acc[0][i][q] = b == b_first ? v : acc[0][i][q] + v;
+                    }
+            }
+        }
+${epilogue()}\
+        __syncthreads();  // the epilogue's staging buffer is the next item's stages
+    }
 </%def>\
