@@ -74,6 +74,21 @@ the descriptors, the copy maps and the accumulator map are specified here
 :func:`wgmma_load_map`, :func:`wgmma_accumulator_map`) and
 :func:`emulate_wgmma_block` multiplies a tile through them.
 
+Two switches of the ``wgmma`` tiles reach further. ``nhwc``
+(:attr:`TileConfig.nhwc`): the image operand (x for ``filter_acts``, dy for
+``image_acts``) is first transposed to channels-last, so that one row of a B
+tile (one pixel, 32 channels of one tap) is 128 contiguous bytes, copied in
+16-byte ``cp.async`` by the map of A (:func:`channels_last`,
+:func:`b_offset`'s ``nhwc``). ``streamk`` (:attr:`TileConfig.streamk`): a
+persistent grid of one wave of blocks shares the (tile, k tile) iterations
+of all tiles evenly, so a tile count just past a whole number of waves (the
+13x13 layers: 338 tiles of 128x128 for 132 SMs) leaves no SM idle; tiles
+cut between blocks are summed in block order through a workspace by the
+segment that finishes last (:func:`streamk_items`,
+:func:`streamk_segments`; :func:`emulate` follows the schedule). The
+192-row tiles run three consumer warpgroups (M = 192: conv2's forward and
+conv3's input gradient).
+
 The tiles of :data:`WGMMA_WGRAD_TILES` run ``weight_acts`` the same way,
 one filter tap per block (op ``"wgradtm"``): per tap ``(u, v)`` a GEMM of
 M = F/g filters, N = C/g channels and K = B*Ho*Wo pixels, both operands
