@@ -27,6 +27,14 @@ float32 products are true float32 unless TF32 is allowed
 (:func:`cc2ops.cuda.set_allow_tf32`, read per call) or ``precision="tf32"``
 is passed: then ``cublasGemmEx`` runs with ``CUBLAS_COMPUTE_32F_FAST_TF32``.
 float64 products always use ``cublasDgemm``.
+
+Complex products
+----------------
+:func:`gemm_strided_batched_complex` multiplies complex64 (``CUDA_C_32F``;
+``CUBLAS_COMPUTE_32F``, or ``CUBLAS_COMPUTE_32F_FAST_TF32`` under the same
+TF32 rule) or complex128 (``CUDA_C_64F``, ``CUBLAS_COMPUTE_64F``) batches
+through ``cublasGemmStridedBatchedEx``, with plain, transposed or
+conjugate-transposed operands.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ __all__ = [
     "CublasError",
     "gemm",
     "gemm_strided_batched",
+    "gemm_strided_batched_complex",
     "gemv",
     "library_path",
     "get_handle",
@@ -56,8 +65,12 @@ __all__ = [
 LIB_ENV = "CC2OPS_CUBLAS"
 _LIB_NAMES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 
-_OP_N, _OP_T = 0, 1
+_OP_N, _OP_T, _OP_C = 0, 1, 2
 _CUDA_R_32F = 0
+_CUDA_C_32F = 4
+_CUDA_C_64F = 5
+_COMPUTE_32F = 68
+_COMPUTE_64F = 70
 _COMPUTE_32F_FAST_TF32 = 77
 _GEMM_DEFAULT = -1
 _DEFAULT_MATH = 0
@@ -307,7 +320,13 @@ def _operand(x: Any, device: int, itemsize: int, batched: bool):
     return (x, *layout)
 
 
-def _check_inputs(where: str, device: int, ndim: int, **arrays: Any) -> np.dtype:
+_REAL = (np.dtype(np.float32), np.dtype(np.float64))
+_COMPLEX = (np.dtype(np.complex64), np.dtype(np.complex128))
+
+
+def _check_inputs(
+    where: str, device: int, ndim: int, allowed: tuple = _REAL, **arrays: Any
+) -> np.dtype:
     dtype = None
     want = physical_index(device)
     for name, x in arrays.items():
@@ -320,8 +339,9 @@ def _check_inputs(where: str, device: int, ndim: int, **arrays: Any) -> np.dtype
                 f"{where}: {name} must have {ndim} dims, got {len(x.shape)}"
             )
         dt = np.dtype(x.dtype)
-        if dt not in (np.float32, np.float64):
-            raise TypeError(f"{where}: {name} must be float32 or float64, got {dt}")
+        if dt not in allowed:
+            names = " or ".join(str(a) for a in allowed)
+            raise TypeError(f"{where}: {name} must be {names}, got {dt}")
         if dtype is None:
             dtype = dt
         elif dt != dtype:
@@ -565,6 +585,129 @@ def gemm_strided_batched(
             fname, handle, opb, opa, n, m, k, ctypes.byref(al), ptr(b), ldb, sb,
             ptr(a), lda, sa, ctypes.byref(be), ptr(c), ldc, sc, batch,
         )  # fmt: skip
+    return c
+
+
+_COMPLEX_OPS = {"n": _OP_N, "t": _OP_T, "c": _OP_C}
+
+
+def gemm_strided_batched_complex(
+    a: Any,
+    b: Any,
+    c: Any = None,
+    *,
+    op_a: str = "n",
+    op_b: str = "n",
+    alpha: complex = 1.0,
+    beta: complex = 0.0,
+    device: int,
+    precision: str | None = None,
+) -> Any:
+    """``c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i]`` for 3-D complex GPUArrays.
+
+    Parameters
+    ----------
+    a, b : GPUArray
+        (batch, rows, columns) complex64 or complex128 (same dtype); a batch
+        extent of 1 is broadcast over the other operand's batch. Inner
+        matrices may be row-major with a row stride; transposed views are
+        folded into ``"n"``/``"t"`` and copied for ``"c"``.
+    c : GPUArray, optional
+        (batch, m, n), row-major inner matrices; allocated when omitted
+        (then ``beta`` must be 0).
+    op_a, op_b : {"n", "t", "c"}
+        The operand as is, transposed, or conjugated and transposed.
+    alpha, beta : complex
+    device : int
+        Device label the arrays live on.
+    precision : {None, "fp32", "tf32"}
+        complex64 only: ``"tf32"`` (or ``None`` with
+        :func:`~cc2ops.cuda.get_allow_tf32` on) computes with
+        ``CUBLAS_COMPUTE_32F_FAST_TF32``, else ``CUBLAS_COMPUTE_32F``.
+
+    Returns
+    -------
+    GPUArray
+        ``c``.
+    """
+    where = "gemm_strided_batched_complex"
+    dtype = _check_inputs(where, device, 3, _COMPLEX, a=a, b=b)
+    for name, op in (("op_a", op_a), ("op_b", op_b)):
+        if op not in _COMPLEX_OPS:
+            raise ValueError(f"{where}: {name} must be 'n', 't' or 'c', got {op!r}")
+    single = dtype == np.complex64
+    tf32 = _use_tf32(where, precision, np.dtype(np.float32 if single else np.float64))
+    get_device(device).activate()
+    na, ar, ac = (int(s) for s in a.shape)
+    nb, br, bc = (int(s) for s in b.shape)
+    if na != nb and 1 not in (na, nb):
+        raise ValueError(f"{where}: batch sizes {na} and {nb} differ")
+    batch = max(na, nb) if 0 not in (na, nb) else 0
+    m, k = (ar, ac) if op_a == "n" else (ac, ar)
+    kb, n = (br, bc) if op_b == "n" else (bc, br)
+    if k != kb:
+        raise ValueError(
+            f"{where}: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner dimensions differ"
+        )
+    if c is None:
+        if beta != 0:
+            raise ValueError(f"{where}: beta != 0 needs an output array c")
+        c = empty((batch, m, n), dtype, device)
+    else:
+        _check_inputs(where, device, 3, _COMPLEX, c=c)
+        if np.dtype(c.dtype) != dtype:
+            raise TypeError(f"{where}: c has dtype {c.dtype}, the inputs {dtype}")
+        if tuple(int(s) for s in c.shape) != (batch, m, n):
+            raise ValueError(
+                f"{where}: c must have shape {(batch, m, n)}, got {tuple(c.shape)}"
+            )
+    if batch == 0 or m == 0 or n == 0:
+        return c
+    itemsize = dtype.itemsize
+    c_layout = _matrix(ptr(c), (m, n), tuple(int(s) for s in c.strides[1:]), itemsize)
+    c_bs = int(c.strides[0])
+    if (
+        c_layout is None
+        or c_layout[0]
+        or (batch > 1 and (c_bs <= 0 or c_bs % itemsize))
+    ):
+        raise ValueError(
+            f"{where}: c must have row-major inner matrices (unit column stride) and "
+            f"a positive batch stride; got strides {tuple(c.strides)}"
+        )
+    ldc, sc = c_layout[1], c_bs // itemsize
+    ops = []
+    operands = []
+    for x, op in ((a, op_a), (b, op_b)):
+        x, transposed, ld, stride = _operand(x, device, itemsize, batched=True)
+        if transposed and op == "c":
+            # conj(x) without a transpose is no cuBLAS op: copy to row-major
+            x = ascontiguous(x, device)
+            x, transposed, ld, stride = _operand(x, device, itemsize, batched=True)
+        if transposed:
+            op = "t" if op == "n" else "n"
+        ops.append(_COMPLEX_OPS[op])
+        operands.append((x, ld, stride))
+    (a, lda, sa), (b, ldb, sb) = operands
+    _check_int32(where, m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, batch=batch)
+    handle = get_handle(device)
+    get_device(device).activate()
+    scalar = ctypes.c_float * 2 if single else ctypes.c_double * 2
+    al = scalar(complex(alpha).real, complex(alpha).imag)
+    be = scalar(complex(beta).real, complex(beta).imag)
+    dt = _CUDA_C_32F if single else _CUDA_C_64F
+    if single:
+        compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
+    else:
+        compute = _COMPUTE_64F
+    # row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
+    # same flags, B first (op "c" maps to "c": (A^H)^T = conj(A) = (A^T)^H)
+    _call(
+        "cublasGemmStridedBatchedEx", handle, ops[1], ops[0], n, m, k,
+        ctypes.byref(al), ptr(b), dt, ldb, sb, ptr(a), dt, lda, sa,
+        ctypes.byref(be), ptr(c), dt, ldc, sc, batch,
+        compute, _GEMM_DEFAULT,
+    )  # fmt: skip
     return c
 
 

@@ -37,6 +37,13 @@ the default, no timing).
     batched over the images of a chunk (``gemm_strided_batched`` with the
     filters broadcast), no layout swaps; for 1x1 filters with stride 1 and
     no padding the images themselves are the columns (no im2col at all).
+``fft``
+    :class:`~cc2ops.cuda.conv_fft.FftConv`: float32, stride 1, transform
+    sides up to 64. Real-to-complex FFTs of the planes
+    (``kernels/conv_fft.cu``, generated per size) into bin-major complex64
+    spectra, one complex GEMM per bin and group (``CUBLAS_COMPUTE_32F`` or
+    TF32), and the inverse transform with the crop, normalisation and
+    accumulation folded in; chunks of the batch within a spectra budget.
 ``igemm_<tile>``
     The tensor-core implicit-GEMM kernels of :mod:`cc2ops.cuda.conv_igemm`
     (float32; TF32 or fp32-accurate 3xTF32), when that module imports and
@@ -83,6 +90,7 @@ from cc2ops.conv import (
     _weight_acts_shape,
 )
 from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
+from cc2ops.cuda.conv_fft import FftConv
 from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
@@ -796,6 +804,9 @@ def _candidates(
     runs (wgmma on 9.0); without either, only the portable candidates."""
     out = [a for a in _IM2COL if a.applies(op, g, dtype, precision)]
     out.sort(key=lambda a: a.name != DEFAULT_ALGORITHM)
+    fft = FftConv()
+    if fft.applies(op, g, dtype, precision):
+        out.append(fft)
     mod = _conv_igemm()
     if mod is not None and Igemm().applies(op, g, dtype, precision):
         if capability is None and device is not None:

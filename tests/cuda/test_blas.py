@@ -260,3 +260,89 @@ def test_status_codes_become_errors():
     assert info.value.status == 7
     assert blas.status_name(13) == "CUBLAS_STATUS_EXECUTION_FAILED"
     assert "libcublas" in blas.library_path()
+
+
+COMPLEX_OPS = ["n", "t", "c"]
+
+
+def _complex(r, shape, dtype):
+    return (r.standard_normal(shape) + 1j * r.standard_normal(shape)).astype(dtype)
+
+
+def _op(x, op):
+    if op == "n":
+        return x
+    x = x.transpose(0, 2, 1)
+    return x.conj() if op == "c" else x
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+@pytest.mark.parametrize("op_a", COMPLEX_OPS)
+@pytest.mark.parametrize("op_b", COMPLEX_OPS)
+def test_gemm_strided_batched_complex(dtype, op_a, op_b, no_copies):
+    from cc2ops.cuda.blas import gemm_strided_batched_complex
+
+    r = rng(9)
+    m, k, n = 9, 14, 5
+    A = _complex(r, (6, m, k) if op_a == "n" else (6, k, m), dtype)
+    B = _complex(r, (6, k, n) if op_b == "n" else (6, n, k), dtype)
+    want = _op(A.astype(np.complex128), op_a) @ _op(B.astype(np.complex128), op_b)
+    out = gemm_strided_batched_complex(g(A), g(B), op_a=op_a, op_b=op_b, device=0,
+                                       precision="fp32")  # fmt: skip
+    assert tuple(out.shape) == (6, m, n) and np.dtype(out.dtype) == dtype
+    tol = 1e-5 if dtype == "complex64" else 1e-12
+    assert rel_err(host(out), want) < tol, (dtype, op_a, op_b)
+    assert not no_copies
+    # transposed views: folded into "n"/"t", copied for "c"
+    At = g(np.ascontiguousarray(A.transpose(0, 2, 1))).transpose(0, 2, 1)
+    out = gemm_strided_batched_complex(At, g(B), op_a=op_a, op_b=op_b, device=0)
+    assert rel_err(host(out), want) < tol, ("view", dtype, op_a, op_b)
+    assert len(no_copies) == (1 if op_a == "c" else 0)
+
+
+def test_gemm_strided_batched_complex_alpha_beta_broadcast_tf32():
+    from cc2ops.cuda.blas import gemm_strided_batched_complex
+
+    r = rng(10)
+    A = _complex(r, (1, 7, 8), "complex64")
+    B = _complex(r, (5, 8, 3), "complex64")
+    C0 = _complex(r, (5, 7, 3), "complex64")
+    c = g(C0)
+    alpha, beta = 1.5 - 0.5j, 0.25 + 1j
+    gemm_strided_batched_complex(g(A), g(B), c, alpha=alpha, beta=beta, device=0)
+    want = alpha * (A.astype(np.complex128) @ B) + beta * C0
+    assert rel_err(host(c), want) < 1e-5
+    # a deep product: true fp32 (CUBLAS_COMPUTE_32F) vs TF32
+    A = _complex(r, (2, 64, 4096), "complex64")
+    B = _complex(r, (2, 4096, 64), "complex64")
+    want = A.astype(np.complex128) @ B
+    a, b = g(A), g(B)
+    fp32 = rel_err(host(gemm_strided_batched_complex(a, b, device=0)), want)
+    assert fp32 < 1e-5, fp32
+    tf32 = gemm_strided_batched_complex(a, b, device=0, precision="tf32")
+    assert 1e-6 < rel_err(host(tf32), want) < 5e-3
+    with cuda.allow_tf32(True):
+        on = rel_err(host(gemm_strided_batched_complex(a, b, device=0)), want)
+    assert 1e-6 < on < 5e-3, on
+
+
+def test_gemm_strided_batched_complex_rejects():
+    from cc2ops.cuda.blas import gemm_strided_batched_complex as cgemm
+
+    where = "gemm_strided_batched_complex"
+    a = g(np.ones((2, 3, 4), "complex64"))
+    b = g(np.ones((2, 4, 5), "complex64"))
+    with pytest.raises(TypeError, match=f"{where}: a must be complex64 or complex128"):
+        cgemm(g(np.ones((2, 3, 4), "float32")), b, device=0)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        cgemm(a, g(np.ones((2, 4, 5), "complex128")), device=0)
+    with pytest.raises(ValueError, match="op_a must be 'n', 't' or 'c', got 'h'"):
+        cgemm(a, b, op_a="h", device=0)
+    with pytest.raises(ValueError, match=r"op\(a\) is 4x3 and op\(b\) is 4x5"):
+        cgemm(a, b, op_a="t", device=0)
+    with pytest.raises(ValueError, match="batch sizes 2 and 3 differ"):
+        cgemm(a, g(np.ones((3, 4, 5), "complex64")), device=0)
+    with pytest.raises(ValueError, match=r"c must have shape \(2, 3, 5\)"):
+        cgemm(a, b, g(np.ones((2, 5, 3), "complex64")), device=0)
+    with pytest.raises(ValueError, match="beta != 0 needs an output array c"):
+        cgemm(a, b, beta=1.0, device=0)
