@@ -294,7 +294,7 @@ def test_gemm_strided_batched_complex(dtype, op_a, op_b, no_copies):
     assert rel_err(host(out), want) < tol, (dtype, op_a, op_b)
     assert not no_copies
     # transposed views: folded into "n"/"t", copied for "c"
-    At = g(np.ascontiguousarray(A.transpose(0, 2, 1))).transpose(0, 2, 1)
+    At = g(np.ascontiguousarray(A.transpose(0, 2, 1))).transpose((0, 2, 1))
     out = gemm_strided_batched_complex(At, g(B), op_a=op_a, op_b=op_b, device=0)
     assert rel_err(host(out), want) < tol, ("view", dtype, op_a, op_b)
     assert len(no_copies) == (1 if op_a == "c" else 0)
