@@ -485,6 +485,49 @@ def gemm(
     return c
 
 
+def _batched_output(
+    where: str,
+    c: Any,
+    shape: tuple[int, int, int],
+    dtype: np.dtype,
+    beta: Any,
+    device: int,
+    allowed: tuple,
+) -> Any:
+    """The output of a strided-batched product: ``c`` checked against the
+    inputs' dtype and ``shape``, or a new array when ``c`` is None (then
+    ``beta`` must be 0)."""
+    if c is None:
+        if beta != 0:
+            raise ValueError(f"{where}: beta != 0 needs an output array c")
+        return empty(shape, dtype, device)
+    _check_inputs(where, device, 3, allowed, c=c)
+    if np.dtype(c.dtype) != dtype:
+        raise TypeError(f"{where}: c has dtype {c.dtype}, the inputs {dtype}")
+    if tuple(int(s) for s in c.shape) != shape:
+        raise ValueError(f"{where}: c must have shape {shape}, got {tuple(c.shape)}")
+    return c
+
+
+def _batched_output_layout(
+    where: str, c: Any, m: int, n: int, itemsize: int
+) -> tuple[int, int]:
+    """(ldc, batch stride) of a strided-batched output, in elements: row-major
+    inner matrices with unit column stride and a positive batch stride."""
+    c_layout = _matrix(ptr(c), (m, n), tuple(int(s) for s in c.strides[1:]), itemsize)
+    c_bs = int(c.strides[0])
+    if (
+        c_layout is None
+        or c_layout[0]
+        or (int(c.shape[0]) > 1 and (c_bs <= 0 or c_bs % itemsize))
+    ):
+        raise ValueError(
+            f"{where}: c must have row-major inner matrices (unit column stride) and "
+            f"a positive batch stride; got strides {tuple(c.strides)}"
+        )
+    return c_layout[1], c_bs // itemsize
+
+
 def gemm_strided_batched(
     a: Any,
     b: Any,
@@ -530,36 +573,12 @@ def gemm_strided_batched(
             f"gemm_strided_batched: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner "
             "dimensions differ"
         )
-    if c is None:
-        if beta != 0:
-            raise ValueError("gemm_strided_batched: beta != 0 needs an output array c")
-        c = empty((batch, m, n), dtype, device)
-    else:
-        _check_inputs("gemm_strided_batched", device, 3, c=c)
-        if np.dtype(c.dtype) != dtype:
-            raise TypeError(
-                f"gemm_strided_batched: c has dtype {c.dtype}, the inputs {dtype}"
-            )
-        if tuple(int(s) for s in c.shape) != (batch, m, n):
-            raise ValueError(
-                f"gemm_strided_batched: c must have shape {(batch, m, n)}, got "
-                f"{tuple(c.shape)}"
-            )
+    where = "gemm_strided_batched"
+    c = _batched_output(where, c, (batch, m, n), dtype, beta, device, _REAL)
     if batch == 0 or m == 0 or n == 0:
         return c
     itemsize = dtype.itemsize
-    c_layout = _matrix(ptr(c), (m, n), tuple(int(s) for s in c.strides[1:]), itemsize)
-    c_bs = int(c.strides[0])
-    if (
-        c_layout is None
-        or c_layout[0]
-        or (batch > 1 and (c_bs <= 0 or c_bs % itemsize))
-    ):
-        raise ValueError(
-            "gemm_strided_batched: c must have row-major inner matrices (unit column "
-            f"stride) and a positive batch stride; got strides {tuple(c.strides)}"
-        )
-    ldc, sc = c_layout[1], c_bs // itemsize
+    ldc, sc = _batched_output_layout(where, c, m, n, itemsize)
     a, ta, lda, sa = _operand(a, device, itemsize, batched=True)
     b, tb, ldb, sb = _operand(b, device, itemsize, batched=True)
     _check_int32("gemm_strided_batched", m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc,
@@ -649,33 +668,11 @@ def gemm_strided_batched_complex(
         raise ValueError(
             f"{where}: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner dimensions differ"
         )
-    if c is None:
-        if beta != 0:
-            raise ValueError(f"{where}: beta != 0 needs an output array c")
-        c = empty((batch, m, n), dtype, device)
-    else:
-        _check_inputs(where, device, 3, _COMPLEX, c=c)
-        if np.dtype(c.dtype) != dtype:
-            raise TypeError(f"{where}: c has dtype {c.dtype}, the inputs {dtype}")
-        if tuple(int(s) for s in c.shape) != (batch, m, n):
-            raise ValueError(
-                f"{where}: c must have shape {(batch, m, n)}, got {tuple(c.shape)}"
-            )
+    c = _batched_output(where, c, (batch, m, n), dtype, beta, device, _COMPLEX)
     if batch == 0 or m == 0 or n == 0:
         return c
     itemsize = dtype.itemsize
-    c_layout = _matrix(ptr(c), (m, n), tuple(int(s) for s in c.strides[1:]), itemsize)
-    c_bs = int(c.strides[0])
-    if (
-        c_layout is None
-        or c_layout[0]
-        or (batch > 1 and (c_bs <= 0 or c_bs % itemsize))
-    ):
-        raise ValueError(
-            f"{where}: c must have row-major inner matrices (unit column stride) and "
-            f"a positive batch stride; got strides {tuple(c.strides)}"
-        )
-    ldc, sc = c_layout[1], c_bs // itemsize
+    ldc, sc = _batched_output_layout(where, c, m, n, itemsize)
     ops = []
     operands = []
     for x, op in ((a, op_a), (b, op_b)):

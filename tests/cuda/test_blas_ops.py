@@ -109,6 +109,34 @@ def test_gemm_becomes_inplace_on_an_intermediate_only():
     assert not op.inplace  # z is a function input
 
 
+def test_batched_output_layout_rules():
+    """The output checks the real and complex strided-batched GEMMs share
+    (cuBLAS's ldc and batch stride, in elements), on array-likes: no GPU."""
+    from types import SimpleNamespace
+
+    from cc2ops.cuda import blas
+
+    def arr(shape, strides):
+        return SimpleNamespace(shape=shape, strides=strides, gpudata=4096)
+
+    def layout(c):
+        return blas._batched_output_layout("w", c, 3, 5, 8)
+
+    # (2, 3, 5) complex64, C-contiguous; then rows padded to 8 and batches apart
+    assert layout(arr((2, 3, 5), (120, 40, 8))) == (5, 15)
+    assert layout(arr((2, 3, 5), (256, 64, 8))) == (8, 32)
+    assert layout(arr((1, 3, 5), (0, 40, 8))) == (5, 0)  # one batch: any stride
+    bad = [
+        arr((2, 3, 5), (120, 8, 24)),  # transposed inner matrices
+        arr((2, 3, 5), (0, 40, 8)),  # broadcast batch
+        arr((2, 3, 5), (124, 40, 8)),  # batch stride not a whole element
+        arr((2, 3, 5), (120, 40, 16)),  # column stride of two elements
+    ]
+    for c in bad:
+        with pytest.raises(ValueError, match="w: c must have row-major inner"):
+            layout(c)
+
+
 def test_make_node_errors():
     x = gvar((4, 5))
     with pytest.raises(ValueError, match="GpuDot22: inner dimensions differ: 5 and 4"):
