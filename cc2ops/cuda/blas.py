@@ -485,6 +485,25 @@ def gemm(
     return c
 
 
+def _batched_dims(
+    where: str, a: Any, b: Any, trans_a: bool, trans_b: bool
+) -> tuple[int, int, int, int]:
+    """(batch, m, k, n) of a strided-batched product of 3-D ``op(a)`` and
+    ``op(b)``; a batch extent of 1 broadcasts over the other operand's."""
+    na, ar, ac = (int(s) for s in a.shape)
+    nb, br, bc = (int(s) for s in b.shape)
+    if na != nb and 1 not in (na, nb):
+        raise ValueError(f"{where}: batch sizes {na} and {nb} differ")
+    batch = max(na, nb) if 0 not in (na, nb) else 0
+    m, k = (ac, ar) if trans_a else (ar, ac)
+    kb, n = (bc, br) if trans_b else (br, bc)
+    if k != kb:
+        raise ValueError(
+            f"{where}: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner dimensions differ"
+        )
+    return batch, m, k, n
+
+
 def _batched_output(
     where: str,
     c: Any,
@@ -561,19 +580,8 @@ def gemm_strided_batched(
     dtype = _check_inputs("gemm_strided_batched", device, 3, a=a, b=b)
     tf32 = _use_tf32("gemm_strided_batched", precision, dtype)
     get_device(device).activate()
-    na, ar, ac = (int(s) for s in a.shape)
-    nb, br, bc = (int(s) for s in b.shape)
-    if na != nb and 1 not in (na, nb):
-        raise ValueError(f"gemm_strided_batched: batch sizes {na} and {nb} differ")
-    batch = max(na, nb) if 0 not in (na, nb) else 0
-    m, k = (ac, ar) if trans_a else (ar, ac)
-    kb, n = (bc, br) if trans_b else (br, bc)
-    if k != kb:
-        raise ValueError(
-            f"gemm_strided_batched: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner "
-            "dimensions differ"
-        )
     where = "gemm_strided_batched"
+    batch, m, k, n = _batched_dims(where, a, b, trans_a, trans_b)
     c = _batched_output(where, c, (batch, m, n), dtype, beta, device, _REAL)
     if batch == 0 or m == 0 or n == 0:
         return c
@@ -657,17 +665,7 @@ def gemm_strided_batched_complex(
     single = dtype == np.complex64
     tf32 = _use_tf32(where, precision, np.dtype(np.float32 if single else np.float64))
     get_device(device).activate()
-    na, ar, ac = (int(s) for s in a.shape)
-    nb, br, bc = (int(s) for s in b.shape)
-    if na != nb and 1 not in (na, nb):
-        raise ValueError(f"{where}: batch sizes {na} and {nb} differ")
-    batch = max(na, nb) if 0 not in (na, nb) else 0
-    m, k = (ar, ac) if op_a == "n" else (ac, ar)
-    kb, n = (br, bc) if op_b == "n" else (bc, br)
-    if k != kb:
-        raise ValueError(
-            f"{where}: op(a) is {m}x{k} and op(b) is {kb}x{n}; inner dimensions differ"
-        )
+    batch, m, k, n = _batched_dims(where, a, b, op_a != "n", op_b != "n")
     c = _batched_output(where, c, (batch, m, n), dtype, beta, device, _COMPLEX)
     if batch == 0 or m == 0 or n == 0:
         return c

@@ -109,8 +109,8 @@ def test_gemm_becomes_inplace_on_an_intermediate_only():
     assert not op.inplace  # z is a function input
 
 
-def test_batched_output_layout_rules():
-    """The output checks the real and complex strided-batched GEMMs share
+def test_batched_gemm_shape_and_layout_rules():
+    """The shape and output checks the real and complex strided-batched GEMMs share
     (cuBLAS's ldc and batch stride, in elements), on array-likes: no GPU."""
     from types import SimpleNamespace
 
@@ -135,6 +135,18 @@ def test_batched_output_layout_rules():
     for c in bad:
         with pytest.raises(ValueError, match="w: c must have row-major inner"):
             layout(c)
+    # the operands' dims: batch broadcast from 1, transposes, an empty batch
+    a, b = SimpleNamespace(shape=(1, 3, 4)), SimpleNamespace(shape=(6, 4, 5))
+    assert blas._batched_dims("w", a, b, False, False) == (6, 3, 4, 5)
+    at = SimpleNamespace(shape=(6, 4, 3))
+    assert blas._batched_dims("w", at, b, True, False) == (6, 3, 4, 5)
+    empty = SimpleNamespace(shape=(0, 3, 4))
+    one = SimpleNamespace(shape=(1, 4, 5))
+    assert blas._batched_dims("w", empty, one, False, False) == (0, 3, 4, 5)
+    with pytest.raises(ValueError, match="w: batch sizes 2 and 6 differ"):
+        blas._batched_dims("w", SimpleNamespace(shape=(2, 3, 4)), b, False, False)
+    with pytest.raises(ValueError, match="w: op\\(a\\) is 3x4 and op\\(b\\) is 5x4"):
+        blas._batched_dims("w", a, b, False, True)
 
 
 def test_make_node_errors():
