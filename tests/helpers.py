@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+import pytest
 from pytensor.compile.mode import Mode
 from pytensor.gradient import verify_grad
 
@@ -42,6 +43,17 @@ GRAD_TOL = {
     "float64": dict(abs_tol=1e-6, rel_tol=1e-6, eps=1e-7),
     "float32": dict(abs_tol=5e-2, rel_tol=5e-2, eps=1e-2),
 }
+
+
+def needs_nvcc() -> str:
+    """The nvcc the kernel templates compile with; skips the test without one
+    (CI has nvcc: the CPU-side kernel checks run there)."""
+    from cc2ops.cuda.compile import find_nvcc
+
+    path = find_nvcc()
+    if path is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    return path
 
 
 def rng(seed: int = 0) -> np.random.Generator:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import needs_nvcc
 
 from cc2ops.cuda import compile as ccompile
 from cc2ops.cuda.compile import (
@@ -51,11 +52,6 @@ SOURCE = textwrap.dedent(
     }
     """
 )
-
-
-def needs_nvcc():
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from multiprocessing.pool import ThreadPool
 
 import numpy as np
 import pytest
-from helpers import rng
+from helpers import needs_nvcc, rng
 
 from cc2ops.conv import (
     conv_backward_data_reference,
@@ -611,12 +611,7 @@ def _check_kernel_output(case, got, want):
 
 @pytest.fixture(scope="module")
 def nvcc():
-    from cc2ops.cuda.compile import find_nvcc
-
-    path = find_nvcc()
-    if path is None:
-        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
-    return path
+    return needs_nvcc()
 
 
 def test_kernel_stages_on_the_host(nvcc, tmp_path):

@@ -41,6 +41,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers import needs_nvcc
 
 from cc2ops.conv import (
     conv_backward_data_reference,
@@ -1037,13 +1038,11 @@ def test_wgmma_kernels_compile_for_sm_90a(tmp_path, monkeypatch):
     from cc2ops.cuda.compile import (
         KernelCompileError,
         compile_cubin,
-        find_nvcc,
         kernel_arch,
         render,
     )
 
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    needs_nvcc()
     monkeypatch.setenv("CC2OPS_CACHE_DIR", str(tmp_path))
     g = geom(3, 64, (9, 7), 96, (3, 2), 2, 1)
     for i, t in enumerate(ci.WGMMA_TILES):
@@ -1103,11 +1102,9 @@ def _run_host_harness(nvcc: str, tmp_path, source: str):
 def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     """The copy maps, swizzle and descriptor of the rendered kernel (its
     __host__ __device__ helpers, run on the CPU) against the numpy spec."""
-    from cc2ops.cuda.compile import find_nvcc, render
+    from cc2ops.cuda.compile import render
 
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    nvcc = needs_nvcc()
     g = geom(2, 64, 9, 64, 3, 1, 1)
     source = render("conv_igemm", **ci.plan("filter_acts", g, "tf32", config).consts)
     harness = _HARNESS.replace("THREADS", str(config.threads))
@@ -1153,11 +1150,9 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
 def test_wgmma_wgrad_c_helpers_compute_the_numpy_spec(tmp_path):
     """wgradtm's copy map in the rendered kernel (wgmma_a_row, wgmma_a_k,
     wgmma_wgrad_k, run on the CPU) against :func:`ci.wgmma_load_map`."""
-    from cc2ops.cuda.compile import find_nvcc, render
+    from cc2ops.cuda.compile import render
 
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda/bin)")
+    nvcc = needs_nvcc()
     config = ci.WGMMA_WGRAD_TILES[1]  # 256 threads, bm 128, bn 64
     g = geom(2, 64, 9, 64, 3, 1, 1)
     source = render("conv_igemm", **ci.plan("weight_acts", g, "tf32", config).consts)
