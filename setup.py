@@ -22,7 +22,7 @@ setup(
     packages=find_packages(include=["cc2ops", "cc2ops.*"]),
     package_data={"cc2ops.cuda": ["kernels/*.cu", "kernels/*.cuh"]},
     include_package_data=True,
-    install_requires=["pytensor>=3.0,<4", "numpy", "scipy"],
+    install_requires=["pytensor>=3.0,<4", "numpy", "scipy", "wrapt>=1.14"],
     extras_require={
         "cuda": ["pycuda", "mako"],
         "test": ["pytest", "hypothesis", "mako"],

@@ -13,6 +13,7 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 """
 
 from cc2ops import graph  # noqa: F401  (registers the rewrites)
+from cc2ops.backends import install_hooks as _install_backend_hooks
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
 from cc2ops.dropout import dropout, dropout_state
 from cc2ops.mode import mode
@@ -35,6 +36,8 @@ from cc2ops.softmax_loss import (
 )
 
 __version__ = "0.1.0"
+
+_install_backend_hooks()
 
 __all__ = [
     "conv2d",
