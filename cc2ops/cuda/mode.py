@@ -47,6 +47,7 @@ import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases and r
 from cc2ops.cuda.array import is_gpuarray, to_gpu
 from cc2ops.cuda.availability import require
 from cc2ops.cuda.device import _check_label
+from cc2ops.cuda.replay import DEFAULT_MAX_GRAPHS, ReplayVM
 from cc2ops.cuda.transfer import GpuDeepCopy
 from cc2ops.cuda.type import CudaArrayType
 
@@ -124,20 +125,34 @@ class GpuVMLinker(VMLinker):
     devices : sequence of int
         The device labels the mode is meant for (stored as
         ``cc2ops_devices``; the first is ``cc2ops_device``).
+    graphs : bool
+        Wrap each function's VM in a :class:`~cc2ops.cuda.replay.ReplayVM`
+        (automatic CUDA-graph replay).
+    max_graphs : int
+        Graphs a ``ReplayVM`` keeps per function.
     **kwargs
         Passed to ``VMLinker`` (``use_cloop=True`` is the ``cvm`` linker).
     """
 
     def __init__(
-        self, *args: Any, devices: Sequence[int] = (0,), **kwargs: Any
+        self,
+        *args: Any,
+        devices: Sequence[int] = (0,),
+        graphs: bool = False,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.cc2ops_devices = tuple(devices)
+        self.cc2ops_graphs = bool(graphs)
+        self.cc2ops_max_graphs = max_graphs
 
     def accept(self, fgraph: Any, no_recycling: Any = None, profile: Any = None) -> Any:
         no_recycling = _swap_deep_copies(fgraph, no_recycling)
         new = super().accept(fgraph, no_recycling, profile)
         new.cc2ops_devices = self.cc2ops_devices
+        new.cc2ops_graphs = self.cc2ops_graphs
+        new.cc2ops_max_graphs = self.cc2ops_max_graphs
         return new
 
     def make_all(
@@ -156,6 +171,9 @@ class GpuVMLinker(VMLinker):
             storage_map=storage_map,
         )
         _upload_pending(result[0].storage_map)
+        if self.cc2ops_graphs and _needs_cuda(self.fgraph):
+            vm = ReplayVM(result[0], self.fgraph, self.cc2ops_max_graphs)
+            result = (vm, *result[1:])
         return result
 
     def __repr__(self) -> str:
@@ -187,6 +205,8 @@ def mode(
     *,
     linker: str = "cvm",
     comm: str = "auto",
+    graphs: bool = False,
+    max_graphs: int = DEFAULT_MAX_GRAPHS,
 ) -> GpuMode:
     """The GPU mode for ``device``.
 
@@ -206,6 +226,14 @@ def mode(
         :class:`cc2ops.cuda.comm.MultiGpuMode` whose function maker makes the
         per-device replicas and shards of a graph distributed with
         :func:`cc2ops.graph.multi_gpu.distribute`.
+    graphs : bool
+        Automatic CUDA-graph replay (:mod:`cc2ops.cuda.replay`): a function's
+        calls replay a captured graph once their input shapes repeat; host
+        inputs and outputs are staged through pinned buffers inside the graph.
+        Functions that cannot be captured say why once and run eagerly.
+    max_graphs : int
+        With ``graphs``: captured graphs kept per function (one per input
+        signature, least recently used freed first).
 
     Returns
     -------
@@ -230,10 +258,26 @@ def mode(
                 f"cc2ops.cuda.mode: device {device} is not one of devices {labels}"
             )
         labels = (device, *(d for d in labels if d != device))
+    if isinstance(graphs, bool) is False:
+        raise TypeError(
+            f"cc2ops.cuda.mode: graphs must be True or False, got {graphs!r}"
+        )
+    if isinstance(max_graphs, bool) or not isinstance(max_graphs, int):
+        raise TypeError(
+            f"cc2ops.cuda.mode: max_graphs must be an int, got {max_graphs!r}"
+        )
+    if max_graphs < 1:
+        raise ValueError(f"cc2ops.cuda.mode: max_graphs must be >= 1, got {max_graphs}")
+    if graphs and len(labels) > 1:
+        raise ValueError(
+            f"cc2ops.cuda.mode: graphs=True replays one device's stream; got "
+            f"devices {labels}"
+        )
+    extra = {"devices": labels, "graphs": graphs, "max_graphs": max_graphs}
     if linker == "cvm":
-        lk = GpuVMLinker(use_cloop=True, devices=labels)
+        lk = GpuVMLinker(use_cloop=True, **extra)
     elif linker == "py":
-        lk = GpuVMLinker(use_cloop=False, c_thunks=False, devices=labels)
+        lk = GpuVMLinker(use_cloop=False, c_thunks=False, **extra)
     else:
         raise ValueError(
             f"cc2ops.cuda.mode: linker must be one of {LINKERS}, got {linker!r}"

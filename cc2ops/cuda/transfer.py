@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
@@ -38,6 +39,7 @@ from cc2ops.cuda.array import (
 )
 from cc2ops.cuda.availability import driver
 from cc2ops.cuda.device import get_device
+from cc2ops.cuda.graphs import capturing
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.type import CudaArrayType
 
@@ -62,6 +64,28 @@ def _check_device(op: str, name: str, value: Any) -> int:
     if value < 0:
         raise ValueError(f"{op}: {name} must be >= 0, got {value}")
     return value
+
+
+#: While :class:`cc2ops.cuda.replay.ReplayVM` captures a call, the list its
+#: pinned download buffers are kept in (innermost last): ``HostFromGpu`` then
+#: queues its copy into a pinned buffer instead of synchronising.
+capture_downloads: list[list[np.ndarray]] = []
+
+
+def _download_captured(garray: Any, label: int, keep: list[np.ndarray]) -> np.ndarray:
+    """Queue a copy of ``garray`` into a new pinned host buffer; no synchronisation.
+
+    The buffer is filled when the captured graph replays; ``keep`` holds it
+    for the graph's life.
+    """
+    src = ascontiguous(garray, label)
+    host = driver().pagelocked_empty(tuple(src.shape), src.dtype)
+    dev = get_device(label)
+    dev.activate()
+    if host.nbytes:
+        driver().memcpy_dtoh_async(host, ptr(src), dev.stream)
+    keep.append(host)
+    return host
 
 
 def _skip(t: Any) -> bool:
@@ -149,7 +173,11 @@ class HostFromGpu(GpuOp):
         return Apply(self, [x], [out])
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
-        outputs[0][0] = to_host(inputs[0], node.inputs[0].type.device)
+        label = node.inputs[0].type.device
+        if capture_downloads and capturing(label):
+            outputs[0][0] = _download_captured(inputs[0], label, capture_downloads[-1])
+        else:
+            outputs[0][0] = to_host(inputs[0], label)
 
     def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
         return [input_shapes[0]]
