@@ -11,6 +11,11 @@ with weight decay) is timed as one training step:
 - cc2ops, graph: the same function wrapped by
   :func:`cc2ops.cuda.capture_function`, so that each step replays one CUDA
   graph (no Python per node). Rows ``imagenet_step_b128_graph``.
+- cc2ops, auto: the step as a user writes it -- host numpy minibatches in,
+  host loss and error out -- compiled in ``cc2ops.cuda.mode(graphs=True)``
+  (automatic graph replay, :mod:`cc2ops.cuda.replay`: inputs staged through
+  pinned buffers and uploaded inside the graph, outputs downloaded inside it,
+  one synchronisation per call). Rows ``imagenet_step_b128_auto``.
 - PyTorch: ``torch.nn.functional`` conv2d / relu / local_response_norm /
   max_pool2d(3, 2, ceil_mode=True) / linear / dropout / cross_entropy and
   ``torch.optim.SGD(momentum, weight_decay)``, ``cudnn.benchmark=True``,
@@ -162,16 +167,25 @@ def set_torch_tf32(flag: bool) -> None:
 
 
 def cc2ops_step(
-    cfg: NetConfig, params: dict, *, dropout: bool, linker: str = "cvm"
-) -> tuple[Any, Any]:
-    """(Step, compiled function) of the GPU step: GPU params, inputs and outputs."""
+    cfg: NetConfig, params: dict, *, dropout: bool, linker: str = "cvm",
+    auto: bool = False,
+) -> tuple[Any, Any]:  # fmt: skip
+    """(Step, compiled function) of the GPU step: GPU params, GPU inputs and
+    outputs; with ``auto``, host inputs and outputs and automatic replay."""
     import cc2ops.cuda as cuda
 
     step = build_step(
-        cfg, params, gpu_params=True, dropout=dropout, gpu_inputs=True,
-        gpu_outputs=True,
+        cfg, params, gpu_params=True, dropout=dropout, gpu_inputs=not auto,
+        gpu_outputs=not auto,
     )  # fmt: skip
-    return step, step.function(cuda.mode(linker=linker))
+    return step, step.function(cuda.mode(linker=linker, graphs=auto))
+
+
+def _host_call(fn: Any) -> Any:
+    """``fn`` (host inputs) called with the GPU arrays ``check_losses`` passes."""
+    from cc2ops.cuda import array
+
+    return lambda gx, gy: fn(array.to_host(gx), array.to_host(gy))
 
 
 def minibatches(cfg: NetConfig, n: int, seed: int = 0) -> list[tuple]:
@@ -302,12 +316,14 @@ def time_rows(
     report: Report, name: str, cfg: NetConfig, fn: Any, gfn: Any, ref: TorchStep,
     args: dict, checks: dict, dropout: float, t0: float,
 ) -> list[dict]:  # fmt: skip
-    """Time ``fn`` eagerly, ``gfn`` replayed as a graph and ``ref`` at each
-    precision; two rows per precision (eager, graph), saved at once."""
+    """Time ``fn`` eagerly, ``gfn`` replayed as a graph, ``args["auto"]`` (host
+    inputs, automatic replay) and ``ref`` at each precision; three rows per
+    precision (eager, graph, auto), saved at once."""
     from cc2ops.cuda import allow_tf32, capture_function
 
     rows = []
     gx, gy, xt, yt = args["gx"], args["gy"], args["xt"], args["yt"]
+    afn, hx, hy = args["auto"], args["hx"], args["hy"]
     for precision, tf32 in PRECISIONS:
         set_torch_tf32(tf32)
         with allow_tf32(tf32):
@@ -325,6 +341,15 @@ def time_rows(
                 nodes = captured.graph.nodes if captured.graph is not None else 0
             finally:
                 captured.close()
+            # automatic replay captures per signature, and the precision is
+            # part of what a capture bakes in: a fresh function per precision
+            auto = afn()
+            autoed = time_cuda(
+                lambda a=auto: a(hx, hy), warmup=max(args["warmup"], 2),
+                iters=args["iters"], on="cc2ops",
+            )  # fmt: skip
+            auto_stats = dict(auto.vm.stats)
+            auto.vm.close()
             theirs = time_cuda(
                 lambda: ref.step(xt, yt), warmup=args["warmup"], iters=args["iters"]
             )
@@ -333,6 +358,9 @@ def time_rows(
             ("", ours, checks["eager"], {"replay": "eager"}),
             ("_graph", graphed, checks["graph"],
              {"replay": "cuda graph", "graph_nodes": nodes}),
+            ("_auto", autoed, checks["auto"],
+             {"replay": "automatic (graphs=True), host inputs and outputs",
+              "auto_stats": auto_stats, "auto_vs_graph": autoed / graphed}),
         ):  # fmt: skip
             row = {
                 "name": name + suffix,
@@ -355,7 +383,7 @@ def time_rows(
         log(
             t0,
             f"{name} {precision}: cc2ops eager {ours:.2f} ms, graph {graphed:.2f} ms, "
-            f"torch {theirs:.2f} ms",
+            f"auto {autoed:.2f} ms, torch {theirs:.2f} ms",
         )
         report.save()
     return rows
@@ -374,6 +402,10 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
     log(t0, "compiling the cc2ops step (dropout off), eager and for the graph")
     _, fn = cc2ops_step(cfg, params, dropout=False)
     _, gfn = cc2ops_step(cfg, params, dropout=False)
+
+    def auto_fn() -> Any:
+        return cc2ops_step(cfg, params, dropout=False, auto=True)[1]
+
     n = settings["check_steps"]
     log(t0, f"checking losses over {n} fp32 steps, eager and replayed")
     checks = {
@@ -381,6 +413,9 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
         "graph": check_losses(
             capture_function(gfn, warmup=1),
             TorchStep(cfg, params, dropout=False), cfg, n,
+        ),
+        "auto": check_losses(
+            _host_call(auto_fn()), TorchStep(cfg, params, dropout=False), cfg, n
         ),
     }  # fmt: skip
     report.extra["loss_check"] = checks
@@ -404,6 +439,9 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
         "gy": array.to_gpu(y, 0),
         "xt": torch.tensor(x, device="cuda"),
         "yt": torch.tensor(y.astype("int64"), device="cuda"),
+        "hx": x,
+        "hy": y,
+        "auto": auto_fn,
         "warmup": settings["warmup"],
         "iters": settings["iters"],
     }
@@ -431,7 +469,11 @@ def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
     _, dfn = cc2ops_step(dcfg, params, dropout=True)
     _, dgfn = cc2ops_step(dcfg, params, dropout=True)
     dref = TorchStep(dcfg, params, dropout=True)
-    time_rows(report, f"{name}_dropout", dcfg, dfn, dgfn, dref, args, checks,
+    dargs = {
+        **args,
+        "auto": lambda: cc2ops_step(dcfg, params, dropout=True, auto=True)[1],
+    }
+    time_rows(report, f"{name}_dropout", dcfg, dfn, dgfn, dref, dargs, checks,
               dcfg.dropout, t0)  # fmt: skip
 
 
@@ -448,21 +490,25 @@ def dry_run(cfg: NetConfig, quick: bool) -> int:
     from cc2ops.cuda.op import GpuOp
 
     params = init_params(cfg, seed=0)
+    from cc2ops.cuda.replay import capture_plan
+
     graphs = [
-        ("timed step, dropout off (cvm)", False, "cvm"),
-        ("breakdown step, dropout off (py VM)", False, "py"),
+        ("timed step, dropout off (cvm)", False, "cvm", False),
+        ("breakdown step, dropout off (py VM)", False, "py", False),
+        ("auto step, host inputs, dropout off (graphs=True)", False, "cvm", True),
     ]
     if not quick:
-        graphs.append(("timed step, dropout 0.5 (cvm)", True, "cvm"))
+        graphs.append(("timed step, dropout 0.5 (cvm)", True, "cvm", False))
+        graphs.append(("auto step, dropout 0.5 (graphs=True)", True, "cvm", True))
     status = 0
-    for label, dropout, linker in graphs:
+    for label, dropout, linker, auto in graphs:
         t0 = time.perf_counter()
         c = cfg.with_(dropout=0.5) if dropout and cfg.dropout <= 0 else cfg
         step = build_step(
-            c, params, gpu_params=True, dropout=dropout, gpu_inputs=True,
-            gpu_outputs=True,
+            c, params, gpu_params=True, dropout=dropout, gpu_inputs=not auto,
+            gpu_outputs=not auto,
         )  # fmt: skip
-        mode = cuda.mode(linker=linker)
+        mode = cuda.mode(linker=linker, graphs=auto)
         ins, outs = construct_function_ins_and_outs(
             step.inputs, step.outputs, updates=step.updates
         )
@@ -478,7 +524,12 @@ def dry_run(cfg: NetConfig, quick: bool) -> int:
             print(f"  {op:<32} {k}")
         if host:
             print(f"  host nodes: {sorted({str(n.op) for n in host})}")
-        on_arrays = [str(n.op) for n in host if _is_array(n)]
+        if auto:
+            plan = capture_plan(fgraph)
+            print(f"  automatic replay: {plan.capturable} {plan.reason}")
+            if not plan.capturable:
+                status = 1
+        on_arrays = [str(n.op) for n in host if _is_array(n) and not auto]
         if on_arrays:
             status = 1
             print(f"  ERROR: host nodes compute on float arrays: {on_arrays}")
