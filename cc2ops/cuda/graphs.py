@@ -62,6 +62,7 @@ __all__ = [
     "capture_function",
     "capturing",
     "defer_check",
+    "hold",
 ]
 
 _CAPTURE_RELAXED = 2
@@ -146,6 +147,23 @@ def capturing(device: int) -> bool:
     from cc2ops.cuda.device import physical_index
 
     return physical_index(device) in _active
+
+
+def hold(device: int, obj: Any) -> bool:
+    """Keep ``obj`` alive for the life of the graph ``device`` is capturing.
+
+    For host buffers a captured copy reads or writes (pinned staging): returns
+    ``False`` when nothing captures.
+    """
+    if not _active:
+        return False
+    from cc2ops.cuda.device import physical_index
+
+    cap = _active.get(physical_index(device))
+    if cap is None:
+        return False
+    cap.allocations.append(obj)
+    return True
 
 
 def defer_check(device: int, check: Callable[[], None]) -> bool:

@@ -38,9 +38,12 @@ inputs and outputs only, outputs are the graph's own buffers).
 
 from __future__ import annotations
 
+import os
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +72,13 @@ __all__ = [
 
 #: Graphs kept per function (each holds the memory of one step's intermediates).
 DEFAULT_MAX_GRAPHS = 4
+
+#: Staging copies of at least this many bytes are split over threads (numpy
+#: releases the GIL while copying; one thread copies about 10 GB/s).
+PARALLEL_COPY_BYTES = 8 << 20
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 #: Host ops whose outputs depend on the *shapes* of their inputs only.
 _SHAPE_OPS = (Shape, Shape_i)
@@ -162,6 +172,27 @@ def capture_plan(fgraph: Any) -> CapturePlan:
                 "is not recorded in a CUDA graph",
             )
     return CapturePlan(True, "", labels[0])
+
+
+def _copy_in(dst: np.ndarray, src: np.ndarray) -> None:
+    """``np.copyto(dst, src)``, split along axis 0 over threads when large."""
+    global _pool
+    n = min(8, os.cpu_count() or 1)
+    if dst.nbytes < PARALLEL_COPY_BYTES or dst.ndim == 0 or dst.shape[0] < 2 or n < 2:
+        np.copyto(dst, src, casting="no")
+        return
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(n, thread_name_prefix="cc2ops-stage")
+    edges = np.linspace(0, dst.shape[0], min(n, dst.shape[0]) + 1).astype(int)
+    jobs = [
+        _pool.submit(np.copyto, dst[a:b], src[a:b], casting="no")
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
+        if b > a
+    ]
+    for job in jobs:
+        job.result()
 
 
 def _signature(values: Sequence[Any]) -> tuple:
@@ -297,7 +328,7 @@ class ReplayVM:
         for k, v in enumerate(values):
             pinned = entry.pinned_in.get(k)
             if pinned is not None:
-                np.copyto(pinned, v, casting="no")
+                _copy_in(pinned, v)
                 continue
             buf = entry.gpu_in[k]
             if array.ptr(v) == array.ptr(buf) and tuple(v.strides) == tuple(
@@ -314,7 +345,7 @@ class ReplayVM:
         for k, v in enumerate(values):
             if isinstance(v, np.ndarray):
                 pinned = drv.pagelocked_empty(v.shape, v.dtype)
-                np.copyto(pinned, v, casting="no")
+                _copy_in(pinned, v)
                 entry.pinned_in[k] = pinned
                 staged.append(pinned)
             elif k in self._explicit or not array.is_c_contiguous(v):
@@ -343,7 +374,8 @@ class ReplayVM:
                     out[o] = old
             return out
 
-        with _downloads_into(entry.downloads):
+        staged_at = {p.ctypes.data for p in entry.pinned_in.values() if p.nbytes}
+        with _capture_buffers(entry.downloads, staged_at):
             entry.outputs = graph.capture(body)
         entry.graph = graph
         self.stats["captures"] += 1
@@ -391,14 +423,17 @@ def _is_shared(var: Variable) -> bool:
     return isinstance(var, SharedVariable)
 
 
-class _downloads_into:
-    """While capturing, ``HostFromGpu`` downloads into pinned buffers kept here."""
+class _capture_buffers:
+    """While capturing: ``HostFromGpu`` downloads into pinned buffers kept in
+    ``keep``; ``GpuFromHost`` reads the staging buffers at ``staged`` in place."""
 
-    def __init__(self, keep: list[np.ndarray]) -> None:
-        self.keep = keep
+    def __init__(self, keep: list[np.ndarray], staged: set[int]) -> None:
+        self.keep, self.staged = keep, staged
 
     def __enter__(self) -> None:
         transfer.capture_downloads.append(self.keep)
+        transfer.capture_staged.update(self.staged)
 
     def __exit__(self, *exc: Any) -> None:
         transfer.capture_downloads.pop()
+        transfer.capture_staged.difference_update(self.staged)

@@ -39,7 +39,7 @@ from cc2ops.cuda.array import (
 )
 from cc2ops.cuda.availability import driver
 from cc2ops.cuda.device import get_device
-from cc2ops.cuda.graphs import capturing
+from cc2ops.cuda.graphs import capturing, hold
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.type import CudaArrayType
 
@@ -70,6 +70,29 @@ def _check_device(op: str, name: str, value: Any) -> int:
 #: pinned download buffers are kept in (innermost last): ``HostFromGpu`` then
 #: queues its copy into a pinned buffer instead of synchronising.
 capture_downloads: list[list[np.ndarray]] = []
+#: Host addresses of the pinned staging buffers of the call being captured:
+#: ``GpuFromHost`` copies from them in place, so that each replay uploads
+#: what the caller staged there.
+capture_staged: set[int] = set()
+
+
+def _upload(value: Any, device: int) -> Any:
+    """``to_gpu``; while ``device`` captures, from memory that outlives the call.
+
+    A captured copy reads its host address on every replay. A staging buffer
+    (:data:`capture_staged`) is read in place; any other host value (one
+    computed from shapes during the capture, say) is copied into a pinned
+    buffer held by the graph, whose contents are that value for good.
+    """
+    if not capturing(device):
+        return to_gpu(value, device)
+    host = np.ascontiguousarray(value)
+    if host.ctypes.data not in capture_staged or not host.nbytes:
+        pinned = driver().pagelocked_empty(host.shape, host.dtype)
+        np.copyto(pinned, host)
+        hold(device, pinned)
+        host = pinned
+    return to_gpu(host, device)
 
 
 def _download_captured(garray: Any, label: int, keep: list[np.ndarray]) -> np.ndarray:
@@ -131,7 +154,7 @@ class GpuFromHost(GpuOp):
         return Apply(self, [x], [out])
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
-        outputs[0][0] = to_gpu(inputs[0], self.device)
+        outputs[0][0] = _upload(inputs[0], self.device)
 
     def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
         return [input_shapes[0]]
