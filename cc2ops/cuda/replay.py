@@ -55,7 +55,6 @@ from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.type import TensorType
 
 from cc2ops.cuda import array, transfer
-from cc2ops.cuda.availability import driver
 from cc2ops.cuda.device import get_device, physical_index
 from cc2ops.cuda.graphs import CudaGraph, GraphCaptureError
 from cc2ops.cuda.op import GpuOp
@@ -340,11 +339,10 @@ class ReplayVM:
     def _capture(self, entry: _Entry, values: Sequence[Any]) -> list[Any]:
         device = self.plan.device
         dev = get_device(device)
-        drv = driver()
         staged = []
         for k, v in enumerate(values):
             if isinstance(v, np.ndarray):
-                pinned = drv.pagelocked_empty(v.shape, v.dtype)
+                pinned = transfer.pinned_empty(v.shape, v.dtype)
                 _copy_in(pinned, v)
                 entry.pinned_in[k] = pinned
                 staged.append(pinned)

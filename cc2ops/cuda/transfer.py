@@ -76,6 +76,14 @@ capture_downloads: list[list[np.ndarray]] = []
 capture_staged: set[int] = set()
 
 
+def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A page-locked host array of ``shape`` (0-d included: pycuda's
+    ``pagelocked_empty`` returns one element of shape (1,) for ``()``)."""
+    shape = tuple(int(n) for n in shape)
+    buf = driver().pagelocked_empty(shape or (1,), dtype)
+    return buf.reshape(shape)
+
+
 def _upload(value: Any, device: int) -> Any:
     """``to_gpu``; while ``device`` captures, from memory that outlives the call.
 
@@ -88,7 +96,7 @@ def _upload(value: Any, device: int) -> Any:
         return to_gpu(value, device)
     host = np.ascontiguousarray(value)
     if host.ctypes.data not in capture_staged or not host.nbytes:
-        pinned = driver().pagelocked_empty(host.shape, host.dtype)
+        pinned = pinned_empty(host.shape, host.dtype)
         np.copyto(pinned, host)
         hold(device, pinned)
         host = pinned
@@ -102,7 +110,7 @@ def _download_captured(garray: Any, label: int, keep: list[np.ndarray]) -> np.nd
     for the graph's life.
     """
     src = ascontiguous(garray, label)
-    host = driver().pagelocked_empty(tuple(src.shape), src.dtype)
+    host = pinned_empty(tuple(src.shape), src.dtype)
     dev = get_device(label)
     dev.activate()
     if host.nbytes:
