@@ -395,18 +395,24 @@ class ReplayVM:
         self.stats["replays"] += 1
         results = []
         host = any(isinstance(o, np.ndarray) for o in entry.outputs)
-        for o in entry.outputs:
-            if array.is_gpuarray(o):
+        for n, o in enumerate(entry.outputs):
+            if array.is_gpuarray(o) and n not in self._updates:
                 results.append(array.copy(o, device))
             else:
+                # an updated GPU shared variable's new value is its own buffer
                 results.append(o)
         if host:
             dev.stream.synchronize()
             results = [np.array(r) if isinstance(r, np.ndarray) else r for r in results]
         for cell, r in zip(self._out_cells, results, strict=True):
             cell[0] = r
-        # the function's input cells go back to what the caller gave
+        # the function's input cells go back to what the caller gave, then the
+        # updates, which PyTensor's VMs make themselves (need_update_inputs False)
+        # and a replay skips along with the rest of the VM
         self._restore(values)
+        if not getattr(self.vm, "need_update_inputs", True):
+            for o, i in self._updates.items():
+                self._in_cells[i][0] = results[o]
         return results
 
     def close(self) -> None:

@@ -94,7 +94,7 @@ def _upload(value: Any, device: int) -> Any:
     """
     if not capturing(device):
         return to_gpu(value, device)
-    host = np.ascontiguousarray(value)
+    host = np.asarray(value, order="C")  # keeps 0-d (ascontiguousarray does not)
     if host.ctypes.data not in capture_staged or not host.nbytes:
         pinned = pinned_empty(host.shape, host.dtype)
         np.copyto(pinned, host)
