@@ -231,6 +231,9 @@ class GraphRunner:
     graph : bool
         Replay graphs (False: the same functions called eagerly, still with
         the read-back every ``log_every`` steps).
+    batch_sizes : (int, int) or None
+        The training and evaluation batch sizes the graphs are captured for
+        (None: the first batch's); other sizes run eagerly.
     capture : callable
         ``capture(fn) -> callable`` (default ``cc2ops.cuda.capture_function``
         with one eager warm-up call).
@@ -247,6 +250,7 @@ class GraphRunner:
         device: int,
         log_every: int,
         graph: bool = True,
+        batch_sizes: tuple[int, int] | None = None,
         capture: Callable[[Any], Any] | None = None,
         history: Callable[[int], DeviceHistory] | None = None,
         keep_buffers: Callable[[Any, Sequence[Any], int], Any] | None = None,
@@ -281,18 +285,18 @@ class GraphRunner:
         self._pending: list[tuple[int, int, float]] = []
         self._eval = np.zeros(3)
         self._train_graph: Any = None
-        self._train_shape: tuple | None = None
         self._eval_graph: Any = None
-        self._eval_shape: tuple | None = None
+        self._train_n, self._eval_n = batch_sizes or (None, None)
         self.replays = 0  # calls that went through a graph (statistics)
 
     # ---- training ---------------------------------------------------------
     def _train_call(self, x: Any, y: Any, lr: np.ndarray) -> Any:
-        shape = tuple(x.shape)
-        if self.graph and self._train_graph is None:
-            self._train_graph = self._capture(self.train_fn)
-            self._train_shape = shape
-        if self.graph and shape == self._train_shape:
+        n = int(x.shape[0])
+        if self._train_n is None:
+            self._train_n = n
+        if self.graph and n == self._train_n:
+            if self._train_graph is None:
+                self._train_graph = self._capture(self.train_fn)
             self.replays += 1
             return self._train_graph(x, y, lr)
         # another batch size (skipped images), or no graph
@@ -324,13 +328,14 @@ class GraphRunner:
     # ---- evaluation -------------------------------------------------------
     def evaluate(self, x: Any, y: Any) -> None:
         """Queue the evaluation of a batch (sums gathered on the device)."""
-        shape = tuple(x.shape)
+        n = int(x.shape[0])
+        if self._eval_n is None:
+            self._eval_n = n
         # the evaluation graph reads the parameters' buffers: capture it only
         # once the training graph has pinned them
-        if self.graph and self._eval_graph is None and self._train_graph is not None:
-            self._eval_graph = self._capture(self.eval_fn)
-            self._eval_shape = shape
-        if self._eval_graph is not None and shape == self._eval_shape:
+        if n == self._eval_n and self._train_graph is not None:
+            if self._eval_graph is None:
+                self._eval_graph = self._capture(self.eval_fn)
             self.replays += 1
             outs = self._eval_graph(x, y)
         else:

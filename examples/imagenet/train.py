@@ -995,6 +995,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         runner = gpu_step.GraphRunner(
             train_fn, eval_fn, backend.graph_device, args.log_every,
             graph=not args.no_graph,
+            batch_sizes=(cfg.batch_size, cfg.eval_batch_size),
         )  # fmt: skip
 
     out = Path(cfg.out)
