@@ -298,6 +298,7 @@ class CudaOps:
             options=":fancy_upsampling=1",
         )
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
+        self._nv = nvimgcodec
 
     # ---- loader thread ----------------------------------------------------
     def _wrap(self, img: Any) -> Decoded | None:
@@ -315,14 +316,29 @@ class CudaOps:
         """Decode a batch on the side stream; None where it failed."""
         self._dev.activate()
         stream = int(self.side.handle)
-        out = self.decoder.decode(list(blobs), params=self.params, cuda_stream=stream)
-        if len(out) != len(blobs):
-            # some nvImageCodec versions drop a refused image from the list
-            # instead of returning None in its place: decode one by one
-            out = [
-                self.decoder.decode(b, params=self.params, cuda_stream=stream)
-                for b in blobs
-            ]
+
+        def run(items: Any) -> Any:
+            return self.decoder.decode(items, params=self.params, cuda_stream=stream)
+
+        items: list[Any] = list(blobs)
+        try:
+            try:
+                out = run(items)
+            except TypeError:
+                # a version that takes code streams rather than bytes
+                items = [self._nv.CodeStream(b) for b in blobs]
+                out = run(items)
+        except RuntimeError:
+            out = None  # the batch call failed: image by image below
+        if out is None or len(out) != len(items):
+            # some versions drop a refused image from the list instead of
+            # returning None in its place
+            out = []
+            for item in items:
+                try:
+                    out.append(run(item))
+                except RuntimeError:
+                    out.append(None)
         return [self._wrap(img) for img in out]
 
     def new_slot(self, index: int) -> Slot:
