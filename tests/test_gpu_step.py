@@ -185,3 +185,11 @@ def test_the_gpu_training_graph_has_gpu_inputs_outputs_and_no_host_float_work(
         assert host_float == [], (name, host_float)
     lr_in = built[0][0][2]
     assert lr_in.type.ndim == 0 and lr_in.type.dtype == "float32"
+
+
+def test_data_device_gpu_needs_one_cuda_device(tmp_path):
+    args = ["--synthetic", "--net", "small", "--width-mult", "0.25", "--batch-size",
+            "8", "--quiet", "--no-progress", "--out", str(tmp_path / "o")]  # fmt: skip
+    with pytest.raises(train.DeviceError, match="data-device gpu needs --device cuda"):
+        train.main([*args, "--data-device", "gpu"])
+    assert not (tmp_path / "o").exists()
