@@ -1119,14 +1119,17 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = max(time.perf_counter() - t_epoch, 1e-9)
                 rate = queued / elapsed
                 bar.update(1)
-                if seen:
-                    bar.set_postfix(
-                        loss=f"{progress['loss_sum'] / seen:.3f}",
-                        top1_err=f"{progress['err_sum'] / seen:.3f}",
-                        img_s=f"{rate:.0f}",
-                        data_wait=f"{100 * (progress['wait'] - wait0) / elapsed:.0f}%",
-                        refresh=False,
-                    )
+                post = {
+                    "img_s": f"{rate:.0f}",
+                    "data_wait": f"{100 * (progress['wait'] - wait0) / elapsed:.0f}%",
+                }
+                if seen:  # on a GPU, known from the first read-back on
+                    post = {
+                        "loss": f"{progress['loss_sum'] / seen:.3f}",
+                        "top1_err": f"{progress['err_sum'] / seen:.3f}",
+                        **post,
+                    }
+                bar.set_postfix(post, refresh=False)
                 if step % args.log_every == 0 and win_n:
                     log.record(
                         {
