@@ -193,3 +193,27 @@ def test_data_device_gpu_needs_one_cuda_device(tmp_path):
     with pytest.raises(train.DeviceError, match="data-device gpu needs --device cuda"):
         train.main([*args, "--data-device", "gpu"])
     assert not (tmp_path / "o").exists()
+
+
+def test_calls_until_the_capture_hold_the_device_work_lock():
+    """The GPU pipeline's loader queues no device work while a graph captures."""
+    held = []
+
+    class Captured:
+        graph = None
+
+        def __call__(self, x, y, lr):
+            held.append(gpu_step.DEVICE_WORK.locked())
+            if len(held) == 2:
+                self.graph = object()  # captured on the second call
+            return np.float32(1.0), np.float32(0.0)
+
+    runner = gpu_step.GraphRunner(
+        FakeStep(), fake_eval, 0, 10, capture=lambda fn: Captured(),
+        history=host_history, to_device=lambda a: a,
+    )  # fmt: skip
+    x = np.ones((2, 3, 2, 2), np.float32)
+    for s in range(1, 4):
+        runner.train(x, np.zeros(2, np.int32), 0.1, s)
+    assert held == [True, True, False]
+    assert not gpu_step.DEVICE_WORK.locked()

@@ -63,6 +63,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 import data  # noqa: E402
+import gpu_step  # noqa: E402
 
 __all__ = [
     "GpuDataError",
@@ -523,8 +524,9 @@ class GpuFolderSource:
         slot.keep = []
         decoded: dict[int, Decoded] = {}
         if gpu_at:
-            for j, img in zip(gpu_at, self.ops.decode([blobs[j] for j in gpu_at]),
-                              strict=True):  # fmt: skip
+            with gpu_step.DEVICE_WORK:  # never while a graph is being captured
+                results = self.ops.decode([blobs[j] for j in gpu_at])
+            for j, img in zip(gpu_at, results, strict=True):
                 if img is not None:
                     decoded[j] = img
         cpu_at = [j for j in range(len(positions)) if j not in decoded]
@@ -563,7 +565,8 @@ class GpuFolderSource:
                 geometry.append([c, c, 3 * c, c, c, 0, 0, 0])
             labels.append(int(self.split.labels[idx[j]]))
         g = np.asarray(geometry, dtype=np.int32).reshape(len(images), 8)
-        self.ops.upload(slot, images, g, np.asarray(labels, dtype=np.int32))
+        with gpu_step.DEVICE_WORK:
+            self.ops.upload(slot, images, g, np.asarray(labels, dtype=np.int32))
         return len(images), skipped
 
     def iterate(

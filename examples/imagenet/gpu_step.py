@@ -32,12 +32,14 @@ at most ``log_every`` steps after it happened).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
+    "DEVICE_WORK",
     "StepMetrics",
     "gpu_inputs",
     "gpu_outputs",
@@ -46,6 +48,15 @@ __all__ = [
     "EagerRunner",
     "GraphRunner",
 ]
+
+
+#: Held while a graph is being captured, and by other threads while they queue
+#: device work (the GPU input pipeline's decodes and uploads): a stream that
+#: captures must not see work from another thread that could touch the legacy
+#: default stream (nvImageCodec's internals are not ours to check), which
+#: would invalidate the capture. Captures happen twice a run, so the pause is
+#: short.
+DEVICE_WORK = threading.Lock()
 
 
 class StepMetrics(NamedTuple):
@@ -179,6 +190,15 @@ class DeviceHistory:
         return out
 
 
+def _call_graph(graph: Any, args: Sequence[Any]) -> Any:
+    """Call a captured function; the calls before its capture (warm-up and
+    capture) hold :data:`DEVICE_WORK`."""
+    if getattr(graph, "graph", True) is None:
+        with DEVICE_WORK:
+            return graph(*args)
+    return graph(*args)
+
+
 class EagerRunner:
     """The CPU path's step interface: one call and one read-back per step.
 
@@ -298,7 +318,7 @@ class GraphRunner:
             if self._train_graph is None:
                 self._train_graph = self._capture(self.train_fn)
             self.replays += 1
-            return self._train_graph(x, y, lr)
+            return _call_graph(self._train_graph, (x, y, lr))
         # another batch size (skipped images), or no graph
         return self._keep(self.train_fn, (x, y, self._to_device(lr)), self.device)
 
@@ -337,7 +357,7 @@ class GraphRunner:
             if self._eval_graph is None:
                 self._eval_graph = self._capture(self.eval_fn)
             self.replays += 1
-            outs = self._eval_graph(x, y)
+            outs = _call_graph(self._eval_graph, (x, y))
         else:
             outs = self.eval_fn(x, y)
         if self._eval_hist.full:
