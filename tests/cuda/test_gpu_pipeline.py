@@ -123,7 +123,8 @@ def test_resume_mid_epoch_on_the_gpu_path_reproduces_the_run(folder, tmp_path):
             "--log-every", "2", *SMALL]  # fmt: skip
     full = _run(base, tmp_path / "full")
     part = _run([*base, "--max-steps", "6"], tmp_path / "mid")
-    rest = train.main(["--resume", str(tmp_path / "mid"), *QUIET])
+    # --device is not a resumed setting: ask for the GPU again
+    rest = train.main(["--resume", str(tmp_path / "mid"), "--device", "cuda", *QUIET])
     assert part["step"] == 6 and rest["step"] == full["step"]
     got = dict(part["step_losses"]) | dict(rest["step_losses"])
     want = dict(full["step_losses"])
