@@ -30,9 +30,10 @@ twin and ``PIL.Image.resize(size, BILINEAR)`` agree exactly (max difference
 0, tested against Pillow on the CPU). What differs from the CPU pipeline is
 the decode:
 
-- nvJPEG's IDCT and chroma upsampling against libjpeg-turbo's (the GPU
-  pipeline asks nvImageCodec for fancy upsampling, libjpeg's default);
-  measured by the GPU tests and stated there;
+- nvJPEG's IDCT and chroma upsampling against libjpeg-turbo's (libjpeg
+  upsamples 4:2:0 chroma with its "fancy" filter; nvImageCodec by default
+  does not, and the example keeps its default for speed); measured by the
+  GPU tests, which print both settings' numbers;
 - images whose shorter side is at least twice ``scale``: Pillow decodes
   them at 1/2, 1/4 or 1/8 size in the DCT domain (``Image.draft``) before
   the resize, the GPU resizes the full decode (an area-like filter over the

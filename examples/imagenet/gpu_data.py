@@ -256,6 +256,11 @@ class CudaOps:
     decode_threads : int
         nvImageCodec's CPU threads (Huffman decoding of the hybrid backend);
         0: its default (the core count).
+    fancy_upsampling : bool
+        libjpeg's (and so Pillow's) chroma upsampling, closer to the CPU
+        path; off by default, as in nvImageCodec, whose hardware JPEG
+        decoder (the H200 has NVJPG engines) may not offer it. The chroma
+        difference it makes is measured by the GPU tests.
 
     Raises
     ------
@@ -270,6 +275,7 @@ class CudaOps:
         norm: data.Normalisation,
         capacity: int,
         decode_threads: int = 0,
+        fancy_upsampling: bool = False,
     ) -> None:
         try:
             from nvidia import nvimgcodec
@@ -292,12 +298,12 @@ class CudaOps:
         self._drv = driver()
         self._dev.activate()
         self.side = self._drv.Stream()
-        # libjpeg's default chroma upsampling ("fancy"), EXIF ignored: as Pillow
         self.decoder = nvimgcodec.Decoder(
             device_id=self._dev.index,
             max_num_cpu_threads=decode_threads,
-            options=":fancy_upsampling=1",
+            options=f":fancy_upsampling={int(fancy_upsampling)}",
         )
+        # EXIF orientation ignored, as Pillow's decode in data.load_image
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         self._nv = nvimgcodec
 

@@ -248,15 +248,17 @@ def test_the_normal_kernel_is_standard_normal_and_reproducible():
 
 
 @pytest.mark.gpu
-def test_nvimgcodec_decodes_like_pillow():
+@pytest.mark.parametrize("fancy", [False, True])
+def test_nvimgcodec_decodes_like_pillow(fancy):
     """The decoders' difference on ImageNet-like JPEGs (500x375, quality 90,
-    4:2:0), printed; bounded loosely (IDCT rounding, upsampling)."""
+    4:2:0), printed; bounded loosely (IDCT rounding, chroma upsampling:
+    nvImageCodec's default, and libjpeg's "fancy" one)."""
     nvimgcodec = pytest.importorskip("nvidia.nvimgcodec")
     from cc2ops.cuda.device import get_device
 
     dev = get_device(0)
     dev.activate()
-    dec = nvimgcodec.Decoder(options=":fancy_upsampling=1")
+    dec = nvimgcodec.Decoder(options=f":fancy_upsampling={int(fancy)}")
     params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
     rng = np.random.default_rng(3)
     blobs, wants = [], []
@@ -275,7 +277,8 @@ def test_nvimgcodec_decodes_like_pillow():
         diffs.append(np.abs(got.astype(np.int16) - want))
     d = np.stack(diffs)
     print(
-        f"nvImageCodec vs Pillow: mean |diff| {d.mean():.3f}, 99.9th percentile "
-        f"{np.percentile(d, 99.9):.0f}, max {d.max()} (levels of 255)"
+        f"nvImageCodec (fancy_upsampling={int(fancy)}) vs Pillow: mean |diff| "
+        f"{d.mean():.3f}, 99.9th percentile {np.percentile(d, 99.9):.0f}, max "
+        f"{d.max()} (levels of 255)"
     )
-    assert d.mean() < 1.5 and np.percentile(d, 99.9) <= 16
+    assert d.mean() < 2.0 and np.percentile(d, 99.9) <= 24
