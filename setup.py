@@ -27,6 +27,8 @@ setup(
         "cuda": ["pycuda", "mako"],
         "test": ["pytest", "hypothesis", "mako"],
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
+        # the example's GPU input pipeline (JPEG decoding on the GPU)
+        "gpu-data": ["nvidia-nvimgcodec-cu13"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -14,6 +14,9 @@
 #   sanitize    compute-sanitizer memcheck and racecheck on the -k sanitize tests
 #               (or -k "$SANITIZE_K"), each stage with the given limit
 #   conv layers step multi_gpu   the benchmarks (results to $OUT/results)
+#   train       benchmarks/bench_train.py: the example's training speed against its
+#               own captured step and GPU input pipeline ($TRAIN_ARGS; needs
+#               nvImageCodec, the kit's gpu-data bundle, for the JPEG rows)
 #   sweeppool sweepsoftmax   benchmarks/sweep_*.py (launch parameters) -> logs/
 #   cache       the cubin cache (no autotune choices) as $OUT/kcache.tar.gz (bring it
 #               along next time as .devkit/kcache.tar.gz: it is unpacked first)
@@ -105,6 +108,10 @@ for arg in "$@"; do
     step)
         run_stage bench_step "$limit" python3 benchmarks/bench_step.py \
             --out "$OUT/results" ${STEP_ARGS:-}
+        ;;
+    train)
+        run_stage bench_train "$limit" python3 benchmarks/bench_train.py \
+            --out "$OUT/results" ${TRAIN_ARGS:-}
         ;;
     multi_gpu)
         run_stage bench_multi_gpu "$limit" python3 benchmarks/bench_multi_gpu.py \

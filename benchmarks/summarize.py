@@ -20,7 +20,7 @@ from common import RESULTS_DIR, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = Path(__file__).resolve().parent / "notes"
-ORDER = ("conv", "layers", "step", "multi_gpu")
+ORDER = ("conv", "layers", "step", "train", "multi_gpu")
 #: The columns shown per benchmark (every field stays in the JSON file).
 COLUMNS = {
     "conv": (
@@ -34,6 +34,10 @@ COLUMNS = {
     "step": (
         "name", "batch", "precision", "dropout", "cc2ops_ms", "peer_ms", "ratio",
         "images_per_s", "peer_images_per_s",
+    ),
+    "train": (
+        "name", "batch", "precision", "images_per_s", "cc2ops_ms", "ratio",
+        "ratio_of", "timed_steps",
     ),
     "multi_gpu": (
         "name", "gpus", "scheme", "batch", "precision", "cc2ops_ms", "peer_ms",

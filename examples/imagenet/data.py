@@ -531,7 +531,14 @@ def iterate(
     workers: int = 2,
     depth: int = 4,
 ) -> Prefetcher:
-    """Batches ``start, start+1, ...`` of ``plan`` read by ``workers`` threads."""
+    """Batches ``start, start+1, ...`` of ``plan`` read by ``workers`` threads.
+
+    A source with its own ``iterate(plan, start, workers, depth)`` (the GPU
+    pipeline's, ``gpu_data.py``) is asked for its batches instead.
+    """
+    own = getattr(source, "iterate", None)
+    if own is not None:
+        return own(plan, start, workers, depth)
     return Prefetcher(
         lambda i: source.batch(plan, i), range(start, plan.n_batches), workers, depth
     )

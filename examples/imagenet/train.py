@@ -50,6 +50,8 @@ if _HERE not in sys.path:
 
 import checkpoint as ckpt_mod  # noqa: E402
 import data  # noqa: E402
+import gpu_data  # noqa: E402
+import gpu_step  # noqa: E402
 import nets  # noqa: E402
 
 SCHEDULES = ("step", "cosine", "constant")
@@ -209,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="batches decoded ahead of the training step (queue bound)",
     )
+    g.add_argument(
+        "--data-device",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="where images are decoded and augmented: gpu (nvImageCodec and a "
+        "cc2ops kernel), cpu (Pillow); auto: gpu with --device cuda on one GPU",
+    )
+    g.add_argument(
+        "--decode-threads",
+        type=_nonneg_int,
+        default=0,
+        help="nvImageCodec's CPU threads of the GPU pipeline (0: one per core)",
+    )
 
     g = p.add_argument_group("network")
     g.add_argument(
@@ -330,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="number of GPUs (> 1 needs the multi-GPU rewriter)",
     )
+    g.add_argument(
+        "--no-graph",
+        action="store_true",
+        help="on one GPU, call the steps eagerly instead of replaying CUDA graphs",
+    )
     return p
 
 
@@ -413,6 +433,7 @@ class Backend:
     sync: Callable[[Any], None] | None = None
     eval_mode: Any = None
     dropout_device: int | None = None
+    graph_device: int | None = None
 
 
 def select_backend(device: str, devices: int) -> Backend:
@@ -473,6 +494,7 @@ def select_backend(device: str, devices: int) -> Backend:
             cuda.mode(device=index),
             lambda v, name: cuda.shared(v, device=index, name=name),
             dropout_device=index,
+            graph_device=index,
         )
     return Backend(
         f"cuda:{labels[0]}-{labels[-1]}",
@@ -536,16 +558,22 @@ def compile_functions(
     ``W <- W + v``; biases are not decayed) and advances the dropout states.
     ``evaluate(x, y) -> (loss sum, top-1 errors, top-5 errors)``. ``x`` is
     float32 (B, 3, crop, crop), ``y`` int32 (B,); every intermediate is
-    float32 (the graphs are built with ``floatX=float32``).
+    float32 (the graphs are built with ``floatX=float32``). With
+    ``backend.graph_device`` the inputs (the learning rate too) and outputs
+    are GPU values there (``gpu_step.gpu_inputs``), as graph capture needs.
     """
     import pytensor
     import pytensor.tensor as pt
 
     f32 = np.float32
+    gd = backend.graph_device
     with pytensor.config.change_flags(floatX="float32"):
-        x = pt.tensor4("images", dtype="float32")
-        y = pt.ivector("labels")
-        lr = pt.fscalar("lr")
+        if gd is None:
+            inputs = [pt.tensor4("images", dtype="float32"), pt.ivector("labels"),
+                      pt.fscalar("lr")]  # fmt: skip
+            x, y, lr = inputs
+        else:
+            inputs, (x, y, lr) = gpu_step.gpu_inputs(gd, cfg.crop, with_lr=True)
 
         logits = net.forward(x, params, train=True, dropout_states=dropout_states)
         loss = cc2ops.softmax_cross_entropy(logits, y).mean()
@@ -564,8 +592,8 @@ def compile_functions(
             v_new = f32(cfg.momentum) * v - lr * g
             updates += [(v, v_new), (p, p + v_new)]
         train = pytensor.function(
-            [x, y, lr],
-            [loss, err],
+            inputs,
+            [loss, err] if gd is None else gpu_step.gpu_outputs([loss, err], gd),
             updates=updates,
             mode=backend.mode,
             name="train_step",
@@ -582,18 +610,23 @@ def compile_evaluate(net: nets.Network, params: dict[str, Any], backend: Backend
     import pytensor
     import pytensor.tensor as pt
 
+    gd = backend.graph_device
     with pytensor.config.change_flags(floatX="float32"):
-        x = pt.tensor4("images", dtype="float32")
-        y = pt.ivector("labels")
+        if gd is None:
+            inputs = [pt.tensor4("images", dtype="float32"), pt.ivector("labels")]
+            x, y = inputs
+        else:
+            inputs, (x, y) = gpu_step.gpu_inputs(gd, net.crop, with_lr=False)
         logits = net.forward(x, params, train=False)
         k5 = min(5, net.n_classes)
+        outputs = [
+            cc2ops.softmax_cross_entropy(logits, y).sum(),
+            cc2ops.top_k_error(logits, y, k=1).sum(),
+            cc2ops.top_k_error(logits, y, k=k5).sum(),
+        ]
         return pytensor.function(
-            [x, y],
-            [
-                cc2ops.softmax_cross_entropy(logits, y).sum(),
-                cc2ops.top_k_error(logits, y, k=1).sum(),
-                cc2ops.top_k_error(logits, y, k=k5).sum(),
-            ],
+            inputs,
+            outputs if gd is None else gpu_step.gpu_outputs(outputs, gd),
             mode=backend.eval_mode or backend.mode,
             name="evaluate",
         )
@@ -719,8 +752,9 @@ def _printer(quiet: bool) -> Callable[[str], None]:
     return say
 
 
-def _evaluate(evaluate, source, batch_size: int, workers: int, depth: int):
-    loss = top1 = top5 = 0.0
+def _evaluate(runner, source, batch_size: int, workers: int, depth: int):
+    if not hasattr(runner, "eval_sums"):  # a compiled evaluate function
+        runner = gpu_step.EagerRunner(None, runner)
     n = 0
     skipped: list[tuple[str, str]] = []
     with data.iterate(
@@ -730,9 +764,9 @@ def _evaluate(evaluate, source, batch_size: int, workers: int, depth: int):
             skipped.extend(b.skipped)
             if len(b.y) == 0:
                 continue
-            l, e1, e5 = evaluate(b.x, b.y)
-            loss, top1, top5 = loss + float(l), top1 + float(e1), top5 + float(e5)
+            runner.evaluate(b.x, b.y)
             n += len(b.y)
+    loss, top1, top5 = runner.eval_sums()
     if n == 0:
         raise data.DatasetError("no validation image could be read")
     return loss / n, top1 / n, top5 / n, skipped
@@ -798,6 +832,28 @@ def _make_sources(cfg, say, header):
     train = data.FolderSource(train_split, cfg.scale, cfg.crop, norm, cfg.bad_images)
     val = data.FolderSource(val_split, cfg.scale, cfg.crop, norm, cfg.bad_images)
     return train, val, train_split.classes, norm
+
+
+def _gpu_sources(args, cfg, backend, train_src, val_src, norm, say):
+    """The GPU input pipeline's sources (``gpu_data``) where it is chosen."""
+    want = args.data_device
+    if want == "cpu" or (want == "auto" and backend.graph_device is None):
+        return train_src, val_src
+    if backend.graph_device is None:
+        raise DeviceError(
+            "--data-device gpu needs --device cuda on one GPU (--devices 1)"
+        )
+    sizes = (cfg.batch_size, cfg.eval_batch_size)
+    try:
+        return gpu_data.make_sources(
+            train_src, val_src, norm, backend.graph_device, sizes,
+            args.decode_threads, max(1, args.workers),
+        )  # fmt: skip
+    except gpu_data.GpuDataError as e:
+        if want == "gpu":
+            raise
+        say(f"warning: {e}; decoding with Pillow on the CPU")
+        return train_src, val_src
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -887,6 +943,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 "change with it"
             )
     train_src, val_src, classes, norm = _make_sources(cfg, say, header)
+    train_src, val_src = _gpu_sources(args, cfg, backend, train_src, val_src, norm, say)
 
     net = nets.Network(cfg.net, len(classes), cfg.crop, cfg.width_mult)
     if resume:
@@ -932,6 +989,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         f"{time.perf_counter() - t0:.1f} s ({backend.name}, dropout: "
         f"{'cc2ops' if dropout_states else 'none'})"
     )
+    if backend.graph_device is None:
+        runner = gpu_step.EagerRunner(train_fn, eval_fn)
+    else:
+        runner = gpu_step.GraphRunner(
+            train_fn, eval_fn, backend.graph_device, args.log_every,
+            graph=not args.no_graph,
+            batch_sizes=(cfg.batch_size, cfg.eval_batch_size),
+        )  # fmt: skip
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -999,6 +1064,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     stopped = cfg.max_steps is not None and step >= cfg.max_steps
     if epoch >= cfg.epochs:
         say(f"nothing to do: {epoch} of --epochs {cfg.epochs} are done")
+    t_run = time.perf_counter()
 
     while epoch < cfg.epochs and not stopped:
         plan = data.epoch_plan(len(train_src), global_batch, cfg.seed, epoch)
@@ -1015,6 +1081,23 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         win_loss = win_err = 0.0
         win_n = 0
         epoch_skips: list[tuple[str, str]] = []
+        queued, wait0 = 0, progress["wait"]
+
+        def account(done: list[gpu_step.StepMetrics], progress=progress) -> None:
+            # steps come back from the runner every --log-every steps on a GPU
+            nonlocal win_loss, win_err, win_n
+            for m in done:
+                if not math.isfinite(m.loss):
+                    raise TrainingError(
+                        f"the training loss became {m.loss} at step {m.step} "
+                        f"(lr {m.lr:g}); lower --lr"
+                    )
+                progress["seen"] += m.n
+                progress["loss_sum"] += m.loss * m.n
+                progress["err_sum"] += m.err * m.n
+                win_loss, win_err, win_n = win_loss + m.loss, win_err + m.err, win_n + 1
+                step_losses.append((m.step, m.loss))
+
         with data.iterate(
             train_src, plan, step_in_epoch, args.workers, depth
         ) as batches:
@@ -1028,31 +1111,25 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 epoch_skips.extend(b.skipped)
                 lr = learning_rate(step, cfg, steps_per_epoch)
                 if len(b.y):
-                    loss, err = train_fn(b.x, b.y, np.float32(lr))
-                    loss, err = float(loss), float(err)
-                    if not math.isfinite(loss):
-                        raise TrainingError(
-                            f"the training loss became {loss} at step {step + 1} "
-                            f"(lr {lr:g}); lower --lr"
-                        )
-                    n = len(b.y)
-                    progress["seen"] += n
-                    progress["loss_sum"] += loss * n
-                    progress["err_sum"] += err * n
-                    win_loss, win_err, win_n = win_loss + loss, win_err + err, win_n + 1
-                    step_losses.append((step + 1, loss))
+                    account(runner.train(b.x, b.y, lr, step + 1))
+                    queued += len(b.y)
                 step += 1
                 step_in_epoch += 1
                 seen = progress["seen"]
-                rate = seen / max(time.perf_counter() - t_epoch, 1e-9)
+                elapsed = max(time.perf_counter() - t_epoch, 1e-9)
+                rate = queued / elapsed
                 bar.update(1)
-                if seen:
-                    bar.set_postfix(
-                        loss=f"{progress['loss_sum'] / seen:.3f}",
-                        top1_err=f"{progress['err_sum'] / seen:.3f}",
-                        img_s=f"{rate:.0f}",
-                        refresh=False,
-                    )
+                post = {
+                    "img_s": f"{rate:.0f}",
+                    "data_wait": f"{100 * (progress['wait'] - wait0) / elapsed:.0f}%",
+                }
+                if seen:  # on a GPU, known from the first read-back on
+                    post = {
+                        "loss": f"{progress['loss_sum'] / seen:.3f}",
+                        "top1_err": f"{progress['err_sum'] / seen:.3f}",
+                        **post,
+                    }
+                bar.set_postfix(post, refresh=False)
                 if step % args.log_every == 0 and win_n:
                     log.record(
                         {
@@ -1063,6 +1140,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                             "loss": win_loss / win_n,
                             "top1_err": win_err / win_n,
                             "images_per_s": rate,
+                            "time_s": time.perf_counter() - t_run,
                         }
                     )
                     win_loss = win_err = 0.0
@@ -1070,6 +1148,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 if cfg.max_steps is not None and step >= cfg.max_steps:
                     stopped = True
                     break
+        account(runner.flush())
         bar.close()
         skipped_paths.update(p for p, _ in epoch_skips)
         if epoch_skips:
@@ -1083,7 +1162,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if backend.sync is not None:
             backend.sync(train_fn)  # the evaluation reads the shared variables
         val_loss, val_top1, val_top5, val_skips = _evaluate(
-            eval_fn, val_src, cfg.eval_batch_size, args.workers, depth
+            runner, val_src, cfg.eval_batch_size, args.workers, depth
         )
         skipped_paths.update(p for p, _ in val_skips)
         if val_skips:
@@ -1117,6 +1196,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             f"(waited {rec['data_wait_s']:.1f} s for data) | {last_ckpt.name}"
         )
 
+    runner.close()
     curves = None
     if not args.no_plot:
         curves = plot_curves(log.read(), out / "curves.png")

@@ -1,0 +1,138 @@
+"""The example's GPU input pipeline and graph-replayed steps on a GPU.
+
+nvImageCodec against Pillow on the same plans (the CPU logic is tested with a
+host twin in tests/test_gpu_data.py), ``train.py --device cuda`` with graphs
+against ``--no-graph``, and a mid-epoch resume on the GPU path.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+pytest.importorskip("tqdm")
+pytest.importorskip("matplotlib")
+from PIL import Image  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "imagenet"
+sys.path.insert(0, str(EXAMPLE))
+
+import data  # noqa: E402
+import gpu_data  # noqa: E402
+import train  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SCALE, CROP = 36, 32
+NORM = data.Normalisation((120.0, 110.0, 100.0), (60.0, 55.0, 50.0))
+QUIET = ["--no-progress", "--quiet", "--no-plot", "--workers", "2"]
+SMALL = ["--net", "small", "--width-mult", "0.25", "--batch-size", "8", *QUIET]
+
+
+def _jpeg(img, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+def _smooth(rng, h, w):
+    coarse = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """3 classes x (12 train + 4 val) JPEGs of 36-70 px, plus the files the GPU
+    must hand to the CPU path (CMYK, PNG) and two unreadable ones."""
+    root = tmp_path_factory.mktemp("gpu_pipeline")
+    rng = np.random.default_rng(2)
+    for split, n in (("train", 12), ("val", 4)):
+        for c in range(3):
+            d = root / split / f"c{c}"
+            d.mkdir(parents=True)
+            for k in range(n):
+                h, w = int(rng.integers(36, 71)), int(rng.integers(36, 71))
+                (d / f"{k}.jpg").write_bytes(_jpeg(_smooth(rng, h, w)))
+    t = root / "train"
+    (t / "c0" / "cmyk.jpg").write_bytes(_jpeg(_smooth(rng, 45, 38).convert("CMYK")))
+    (t / "c1" / "gray.jpg").write_bytes(_jpeg(_smooth(rng, 40, 50).convert("L")))
+    png = io.BytesIO()
+    _smooth(rng, 44, 39).save(png, "PNG")
+    (t / "c2" / "plain.png").write_bytes(png.getvalue())
+    good = _jpeg(_smooth(rng, 50, 50))
+    (t / "c1" / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (root / "val" / "c0" / "empty.jpg").write_bytes(b"")
+    return root
+
+
+def test_gpu_batches_match_the_cpu_path(folder):
+    pytest.importorskip("nvidia.nvimgcodec")
+    from cc2ops.cuda import array
+
+    split = data.scan_split(folder, "train")
+    cpu = data.FolderSource(split, SCALE, CROP, NORM)
+    ops = gpu_data.CudaOps(0, CROP, NORM, 8)
+    gpu = gpu_data.GpuFolderSource(split, SCALE, CROP, NORM, "skip", ops, 2)
+    plan = data.epoch_plan(len(split), 8, 5, 1)
+    with data.iterate(cpu, plan, 0, 2, 2) as it:
+        want = list(it)
+    std = np.asarray(NORM.std, np.float32).reshape(1, 3, 1, 1)
+    diffs = []
+    with data.iterate(gpu, plan, 0, 2, 2) as it:
+        for k, b in enumerate(it):
+            w = want[k]
+            assert b.skipped == w.skipped, k
+            np.testing.assert_array_equal(array.to_host(b.y), w.y)
+            x = array.to_host(b.x)
+            assert x.shape == w.x.shape and x.dtype == np.float32
+            diffs.append(np.abs(x - w.x) * std)  # levels of 255
+    assert len(diffs) == len(want)
+    d = np.concatenate([v.ravel() for v in diffs])
+    print(f"GPU vs CPU pipeline: mean |diff| {d.mean():.3f}, max {d.max():.1f} levels")
+    assert d.mean() < 1.5 and d.max() <= 24
+    assert gpu.routed_to_cpu >= 2  # the CMYK and PNG files at least
+
+
+def _run(args, out):
+    return train.main([*args, "--out", str(out)])
+
+
+def test_graph_replay_matches_eager_steps_on_synthetic_data(tmp_path):
+    base = ["--device", "cuda", "--synthetic", "--synthetic-images", "64",
+            "--epochs", "2", "--log-every", "3", *SMALL]  # fmt: skip
+    g = _run(base, tmp_path / "g")
+    e = _run([*base, "--no-graph"], tmp_path / "e")
+    assert g["step"] == e["step"] == 16
+    lg = np.array([v for _, v in g["step_losses"]])
+    le = np.array([v for _, v in e["step_losses"]])
+    assert [s for s, _ in g["step_losses"]] == list(range(1, 17))
+    assert np.isfinite(lg).all()
+    np.testing.assert_allclose(lg, le, rtol=1e-4)
+    for a, b in zip(g["history"], e["history"], strict=True):
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4)
+
+
+def test_resume_mid_epoch_on_the_gpu_path_reproduces_the_run(folder, tmp_path):
+    pytest.importorskip("nvidia.nvimgcodec")
+    base = ["--device", "cuda", "--data", str(folder), "--epochs", "2",
+            "--log-every", "2", *SMALL]  # fmt: skip
+    full = _run(base, tmp_path / "full")
+    part = _run([*base, "--max-steps", "6"], tmp_path / "mid")
+    # --device is not a resumed setting: ask for the GPU again
+    rest = train.main(["--resume", str(tmp_path / "mid"), "--device", "cuda", *QUIET])
+    assert part["step"] == 6 and rest["step"] == full["step"]
+    got = dict(part["step_losses"]) | dict(rest["step_losses"])
+    want = dict(full["step_losses"])
+    assert got.keys() == want.keys()
+    np.testing.assert_allclose(
+        [got[k] for k in sorted(got)], [want[k] for k in sorted(want)], rtol=1e-5
+    )
+    # the unreadable files are skipped and counted as on the CPU
+    cpu = _run([*base, "--data-device", "cpu", "--epochs", "1"], tmp_path / "cpu")
+    gpu = _run([*base, "--epochs", "1"], tmp_path / "gpu1")
+    assert cpu["skipped_images"] == gpu["skipped_images"] >= 1
