@@ -11,12 +11,22 @@ way), and before ``specialize``. In what follows ``LS`` is
 ``ARange(0, n, 1)`` with ``n`` provably the number of rows of ``x`` (its
 ``Shape_i{0}``, the same shape-feature entry, or the same constant) or as the
 folded constant ``[0, 1, ..., B-1]`` with ``B`` the static batch size.
+``rows(n)`` is ``arange(n)`` with ``n`` the labels' length (``arange(y.shape[0])``,
+Theano's tutorial spelling) or a constant, when ``n`` is not provably ``B``:
+the naive pick then reads the first ``n`` rows, so the fused ops run on
+``x[:n]``. A softmax over all axes (PyTensor's default ``axis=None``) of an
+``x`` of static shape (1, K) is the row softmax too: vector logits made a row,
+``softmax(shape_padleft(v))``.
 
 Forward rules (each replaces the log-probability it recognises by
 ``-SoftmaxCrossEntropy``; :func:`local_fold_loss_negation` then cancels the
 loss's own minus sign)::
 
     LS(x)[rows, y]                          -> -SoftmaxCrossEntropy(x, y)
+    LS(x)[rows(n), y]                       -> -SoftmaxCrossEntropy(x[:n], y)
+    (c * LS(x))[rows, y]                    -> c * -SoftmaxCrossEntropy(x, y)
+                                               (c of shape (1, 1); c = -1 is
+                                               (-log(softmax(x)))[rows, y])
     LS(x)[rows[:, None], y[:, None]]        -> -SoftmaxCrossEntropy(x, y)[:, None]
                                                (take_along_axis)
     LS(x).flatten()[rows * K + y]           -> -SoftmaxCrossEntropy(x, y)
@@ -41,7 +51,18 @@ targets)::
            take_along_axis and flat-index forms, AdvancedIncSubtensor1 too)
       gz = mul(scatter, SM(x)) with scatter = AdvancedIncSubtensor(zeros,
            u / SM(x)[rows, y], rows, y)                              (g = -u;
-           the gradient of -log(softmax(x)[rows, y]))
+           the gradient of -log(softmax(x)[rows, y]); the scattered value
+           may be scaled, d * (u / (e * SM(x)[rows, y])) giving g = -d u / e:
+           the gradient of a * sum(-log(...)), a * (-sum(...)), a * mean(...))
+      gz = c_1 * ... * scatter, the c's (B or 1, 1) per-row scales
+           (g = -v * prod c; c = -1 for (-log(softmax(x)))[rows, y])
+    the same with rows(n)                   -> set_subtensor(zeros_like(x)[:n],
+                                               SoftmaxCrossEntropyGrad(g, x[:n], y))
+                                               (the rows from n on have a zero
+                                               cotangent, so a zero gradient)
+    gz[0] - SM(x)[0] * sum(gz)              -> SoftmaxCrossEntropyGrad(g, x, y)[0]
+                                               (x of static shape (1, K): the
+                                               squeezed pullback of vector logits)
     gz - sum(gz, 1)[:, None] * SM(x)        -> SoftmaxCrossEntropyGrad(g, x, t)
       gz = mul(c_1, ..., t_1, ...), the c's (B or 1, 1) per-row scales
            (g = -prod c[:, 0]), the t's the targets (t = prod t)
@@ -55,9 +76,11 @@ the factors, so that it only meets cross-entropy-shaped cotangents.
 Exactness and limits:
 
 * A rule fires only when the row index is provably ``arange`` of the logits'
-  rows. ``arange(y.shape[0])`` does not fuse unless the labels' length is
-  provably the batch size (the naive graph would silently use the first
-  ``len(y)`` rows when it is shorter); write ``arange(x.shape[0])``.
+  rows, or ``arange(n)`` with ``n`` the labels' length or a constant, both
+  starting at 0; other row counts (which might be negative, where ``x[:n]``
+  would count from the end) keep the naive graph. With ``n > B`` both the
+  naive and the fused graph fail at run time (``IndexError`` and
+  ``ValueError``).
 * Labels whose static length is 1 are broadcast explicitly. Labels of unknown
   static length are taken to hold one entry per row (PyTensor's rule that a
   dimension not statically 1 does not broadcast); a mismatch raises
