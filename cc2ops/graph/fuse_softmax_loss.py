@@ -296,10 +296,16 @@ def _first_rows(x: Variable, n) -> Variable:
     return x if isinstance(n, str) else x[:n]
 
 
-def _labels_for(y: Variable, x: Variable) -> Variable:
-    """Labels ``y`` with one entry per row of ``x`` (a static length 1 broadcast)."""
-    if y.type.shape[0] == 1 and x.type.shape[0] != 1:
-        y = pt.alloc(y[0], x.shape[0])
+def _labels_for(y: Variable, x: Variable, n) -> Variable:
+    """Labels ``y`` broadcast (from a static length 1) to the picked rows.
+
+    ``n`` is what :func:`_match_rows` gave: for a prefix the labels get ``n``
+    entries, not ``len(x[:n])``, so that ``n > B`` fails in the fused op as
+    it does in the naive pick.
+    """
+    count = x.shape[0] if isinstance(n, str) else n
+    if y.type.shape[0] == 1 and (x.type.shape[0] != 1 or not isinstance(n, str)):
+        y = pt.alloc(y[0], count)
     return y
 
 
@@ -499,7 +505,7 @@ def local_softmax_cross_entropy_labels(fgraph, node):
     if pick is None:
         return None
     x = _first_rows(pick.x, pick.n)
-    loss = SoftmaxCrossEntropy()(x, _labels_for(pick.y, x))
+    loss = SoftmaxCrossEntropy()(x, _labels_for(pick.y, x, pick.n))
     dtype = loss.type.dtype
     if pick.column:
         logp = _minus_one(2, dtype) * pt.expand_dims(loss, 1)
@@ -924,7 +930,7 @@ def local_softmax_cross_entropy_grad(fgraph, node):
         g, y, n = labels
         xs = _first_rows(x, n)
         dxs = SoftmaxCrossEntropyGrad()(
-            _per_row(g, xs, x.type.dtype), xs, _labels_for(y, xs)
+            _per_row(g, xs, x.type.dtype), xs, _labels_for(y, xs, n)
         )
         dx = dxs if n is ALL_ROWS else pt.set_subtensor(pt.zeros_like(x)[:n], dxs)
         new = [dxs, dx]

@@ -700,3 +700,20 @@ def test_default_mode_fuses_vector_logits_and_scaled_costs():
     values = [(r.normal(size=(3, 4)), r.normal(size=4), np.array([1]), 0.5)]
     values.append((values[0][0], values[0][1], np.array([3]), -1.5))
     _check_family([x, v, y, a], costs, [x, v], values, mode=get_default_mode())
+
+
+def test_single_static_label_over_a_row_prefix():
+    """arange(3) with one static label: the label repeats over the first 3 rows."""
+    x = pt.matrix("x")
+    y = pt.lvector("y", shape=(1,))
+    cost = -pt.special.log_softmax(x, axis=1)[pt.arange(3), y]
+    dx = pytensor.gradient.pullback(cost, x, pt.ones(3))
+    f = pytensor.function([x, y], [cost, dx], mode=CC2OPS_MODE)
+    assert_fused_forward(pytensor.function([x, y], cost, mode=CC2OPS_MODE), "arange(3)")
+    assert_fused_grad(f, "arange(3)")
+    ref = pytensor.function([x, y], [cost, dx], mode=UNFUSED)
+    xv = _values(seed=15)[0]
+    _compare(f, ref, [xv, np.array([2])], "arange(3), one label")
+    for fn in (f, ref):  # two rows: too few for arange(3), fused or not
+        with pytest.raises((IndexError, ValueError)):
+            fn(xv[:2], np.array([2]))
