@@ -11,12 +11,22 @@ way), and before ``specialize``. In what follows ``LS`` is
 ``ARange(0, n, 1)`` with ``n`` provably the number of rows of ``x`` (its
 ``Shape_i{0}``, the same shape-feature entry, or the same constant) or as the
 folded constant ``[0, 1, ..., B-1]`` with ``B`` the static batch size.
+``rows(n)`` is ``arange(n)`` with ``n`` the labels' length (``arange(y.shape[0])``,
+Theano's tutorial spelling) or a constant, when ``n`` is not provably ``B``:
+the naive pick then reads the first ``n`` rows, so the fused ops run on
+``x[:n]``. A softmax over all axes (PyTensor's default ``axis=None``) of an
+``x`` of static shape (1, K) is the row softmax too: vector logits made a row,
+``softmax(shape_padleft(v))``.
 
 Forward rules (each replaces the log-probability it recognises by
 ``-SoftmaxCrossEntropy``; :func:`local_fold_loss_negation` then cancels the
 loss's own minus sign)::
 
     LS(x)[rows, y]                          -> -SoftmaxCrossEntropy(x, y)
+    LS(x)[rows(n), y]                       -> -SoftmaxCrossEntropy(x[:n], y)
+    (c * LS(x))[rows, y]                    -> c * -SoftmaxCrossEntropy(x, y)
+                                               (c of shape (1, 1); c = -1 is
+                                               (-log(softmax(x)))[rows, y])
     LS(x)[rows[:, None], y[:, None]]        -> -SoftmaxCrossEntropy(x, y)[:, None]
                                                (take_along_axis)
     LS(x).flatten()[rows * K + y]           -> -SoftmaxCrossEntropy(x, y)
@@ -41,7 +51,18 @@ targets)::
            take_along_axis and flat-index forms, AdvancedIncSubtensor1 too)
       gz = mul(scatter, SM(x)) with scatter = AdvancedIncSubtensor(zeros,
            u / SM(x)[rows, y], rows, y)                              (g = -u;
-           the gradient of -log(softmax(x)[rows, y]))
+           the gradient of -log(softmax(x)[rows, y]); the scattered value
+           may be scaled, d * (u / (e * SM(x)[rows, y])) giving g = -d u / e:
+           the gradient of a * sum(-log(...)), a * (-sum(...)), a * mean(...))
+      gz = c_1 * ... * scatter, the c's (B or 1, 1) per-row scales
+           (g = -v * prod c; c = -1 for (-log(softmax(x)))[rows, y])
+    the same with rows(n)                   -> set_subtensor(zeros_like(x)[:n],
+                                               SoftmaxCrossEntropyGrad(g, x[:n], y))
+                                               (the rows from n on have a zero
+                                               cotangent, so a zero gradient)
+    gz[0] - SM(x)[0] * sum(gz)              -> SoftmaxCrossEntropyGrad(g, x, y)[0]
+                                               (x of static shape (1, K): the
+                                               squeezed pullback of vector logits)
     gz - sum(gz, 1)[:, None] * SM(x)        -> SoftmaxCrossEntropyGrad(g, x, t)
       gz = mul(c_1, ..., t_1, ...), the c's (B or 1, 1) per-row scales
            (g = -prod c[:, 0]), the t's the targets (t = prod t)
@@ -55,9 +76,11 @@ the factors, so that it only meets cross-entropy-shaped cotangents.
 Exactness and limits:
 
 * A rule fires only when the row index is provably ``arange`` of the logits'
-  rows. ``arange(y.shape[0])`` does not fuse unless the labels' length is
-  provably the batch size (the naive graph would silently use the first
-  ``len(y)`` rows when it is shorter); write ``arange(x.shape[0])``.
+  rows, or ``arange(n)`` with ``n`` the labels' length or a constant, both
+  starting at 0; other row counts (which might be negative, where ``x[:n]``
+  would count from the end) keep the naive graph. With ``n > B`` both the
+  naive and the fused graph fail at run time (``IndexError`` and
+  ``ValueError``).
 * Labels whose static length is 1 are broadcast explicitly. Labels of unknown
   static length are taken to hold one entry per row (PyTensor's rule that a
   dimension not statically 1 does not broadcast); a mismatch raises
@@ -71,6 +94,8 @@ Exactness and limits:
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import pytensor.tensor as pt
@@ -137,16 +162,22 @@ def _is_elemwise(v: Variable, scalar_op_type: type) -> bool:
 
 
 def _softmax_input(v: Variable, op_type: type) -> Variable | None:
-    """``x`` when ``v`` is ``op_type{axis=1}(x)`` of a 2-d float ``x``."""
+    """``x`` when ``v`` is ``op_type{axis=1}(x)`` of a 2-d float ``x``.
+
+    A softmax over all axes (``axis=None``, PyTensor's default) of an ``x``
+    whose static shape has one row is the same row softmax: that is the
+    vector-logits idiom ``softmax(shape_padleft(x))``.
+    """
     if v.owner is None or not isinstance(v.owner.op, op_type):
         return None
     (x,) = v.owner.inputs
     if x.type.ndim != 2 or x.type.dtype not in FLOAT_DTYPES:
         return None
     axis = v.owner.op.axis
-    if axis is None or tuple(a % 2 for a in axis) != (1,):
-        return None
-    return x
+    axes = (0, 1) if axis is None else tuple(sorted({a % 2 for a in axis}))
+    if axes == (1,) or (axes == (0, 1) and x.type.shape[0] == 1):
+        return x
+    return None
 
 
 def _dim_key(fgraph, v: Variable, axis: int, depth: int = 0):
@@ -218,6 +249,64 @@ def _is_rows(fgraph, idx: Variable, x: Variable) -> bool:
         and _scalar_int(step) == 1
         and _same(_length_key(fgraph, stop), _dim_key(fgraph, x, 0))
     )
+
+
+#: What :func:`_match_rows` returns for an index that is every row of ``x``.
+ALL_ROWS = "all rows"
+
+
+def _match_rows(fgraph, idx: Variable, x: Variable, labels: Variable):
+    """Which rows of ``x`` a pick or scatter at ``(idx, labels)`` reads.
+
+    :data:`ALL_ROWS` when ``idx`` is ``arange(B)`` for the rows of ``x``. A
+    scalar length ``n`` when ``idx`` is ``arange(n)`` with ``n`` the labels'
+    length (``arange(y.shape[0])``, the Theano tutorial's spelling) or a
+    constant: the naive graph then reads the first ``n`` rows, ``x[:n]``,
+    whatever the batch size (and fails, as the fused op does, when ``n > B``).
+    None for any other index.
+    """
+    if not _is_labels(labels) or idx.type.ndim != 1:
+        return None
+    if idx.type.dtype not in INT_DTYPES:
+        return None
+    if _is_rows(fgraph, idx, x):
+        return ALL_ROWS
+    n_labels = labels.type.shape[0]
+    data = _constant_data(idx)
+    if data is not None:
+        m = data.shape[0]
+        if np.array_equal(data, np.arange(m)) and n_labels in (None, 1, m):
+            return pt.constant(np.int64(m))
+        return None
+    if idx.owner is None or not isinstance(idx.owner.op, ARange):
+        return None
+    start, stop, step = idx.owner.inputs
+    if _scalar_int(start) != 0 or _scalar_int(step) != 1:
+        return None
+    if _same(_length_key(fgraph, stop), _dim_key(fgraph, labels, 0)):
+        return stop
+    m = _scalar_int(stop)
+    if m is not None and m >= 0 and n_labels in (None, 1, m):
+        return stop
+    return None
+
+
+def _first_rows(x: Variable, n) -> Variable:
+    """``x`` itself for :data:`ALL_ROWS`, else ``x[:n]``."""
+    return x if isinstance(n, str) else x[:n]
+
+
+def _labels_for(y: Variable, x: Variable, n) -> Variable:
+    """Labels ``y`` broadcast (from a static length 1) to the picked rows.
+
+    ``n`` is what :func:`_match_rows` gave: for a prefix the labels get ``n``
+    entries, not ``len(x[:n])``, so that ``n > B`` fails in the fused op as
+    it does in the naive pick.
+    """
+    count = x.shape[0] if isinstance(n, str) else n
+    if y.type.shape[0] == 1 and (x.type.shape[0] != 1 or not isinstance(n, str)):
+        y = pt.alloc(y[0], count)
+    return y
 
 
 def _column(v: Variable) -> Variable | None:
@@ -314,30 +403,58 @@ def _is_zeros(v: Variable) -> bool:
 # --------------------------------------------------------------------------
 
 
-def _match_pick(fgraph, node) -> tuple[Variable, Variable, bool] | None:
-    """``(x, y, column)`` when ``node`` picks ``LS(x)`` at ``(rows, y)``.
+class _Pick(NamedTuple):
+    """A recognised pick of log-probabilities: ``scale * LS(x)[rows(n), y]``."""
 
-    ``column`` is true for the take_along_axis form, whose result is (B, 1).
+    x: Variable
+    y: Variable
+    n: object  # ALL_ROWS, or the scalar length of the row prefix x[:n]
+    column: bool  # the take_along_axis form, whose result is (n, 1)
+    scale: list[Variable]  # 2-d factors broadcast over the whole (B, K)
+
+
+def _scaled_log_softmax(v: Variable) -> tuple[Variable, list[Variable]] | None:
+    """``(x, scale)`` when ``v`` is ``LS(x)`` or ``mul(c, ..., LS(x))``.
+
+    The ``c`` are statically (1, 1) (``-log(softmax(x))`` is ``mul([[-1]],
+    LS(x))`` after canonicalize), so they scale every entry alike and pass
+    through a pick unchanged.
     """
+    x = _softmax_input(v, LogSoftmax)
+    if x is not None:
+        return x, []
+    if not _is_elemwise(v, ps.Mul) or v.type.ndim != 2:
+        return None
+    found = [(f, _softmax_input(f, LogSoftmax)) for f in v.owner.inputs]
+    inner = [(f, x) for f, x in found if x is not None]
+    if len(inner) != 1:
+        return None
+    ls, x = inner[0]
+    scale = [f for f in v.owner.inputs if f is not ls]
+    if not all(f.type.broadcastable == (True, True) for f in scale):
+        return None
+    return x, scale
+
+
+def _match_pick(fgraph, node) -> _Pick | None:
+    """The :class:`_Pick` that ``node`` computes, or None."""
     src, *idx = node.inputs
     if len(idx) == 2 and isinstance(node.op, AdvancedSubtensor):
         if getattr(node.op, "idx_list", (0, 1)) != (0, 1):
             return None
-        x = _softmax_input(src, LogSoftmax)
-        if x is None:
+        scaled = _scaled_log_softmax(src)
+        if scaled is None:
             return None
+        x, scale = scaled
         rows, labels = idx
-        if rows.type.ndim == 1 and _is_labels(labels) and _is_rows(fgraph, rows, x):
-            return x, labels, False
+        if rows.type.ndim == 1:
+            n = _match_rows(fgraph, rows, x, labels)
+            return None if n is None else _Pick(x, labels, n, False, scale)
         rows, labels = _column(rows), _column(labels)
-        if (
-            rows is not None
-            and labels is not None
-            and _is_labels(labels)
-            and _is_rows(fgraph, rows, x)
-        ):
-            return x, labels, True
-        return None
+        if rows is None or labels is None:
+            return None
+        n = _match_rows(fgraph, rows, x, labels)
+        return None if n is None else _Pick(x, labels, n, True, scale)
     if len(idx) == 1:
         if isinstance(node.op, AdvancedSubtensor) and (
             getattr(node.op, "idx_list", (0,)) != (0,)
@@ -353,8 +470,21 @@ def _match_pick(fgraph, node) -> tuple[Variable, Variable, bool] | None:
             return None
         y = _match_flat_index(fgraph, idx[0], x)
         if y is not None:
-            return x, y, False
+            return _Pick(x, y, ALL_ROWS, False, [])
     return None
+
+
+def _scale_factors(scale: list[Variable], ndim: int, dtype: str) -> list[Variable]:
+    """(1, 1) factors as ``ndim``-d factors, the constants folded into one."""
+    const = np.ones((1,) * ndim)
+    factors = []
+    for f in scale:
+        data = _constant_data(f)
+        if data is not None:
+            const = const * data.reshape((1,) * ndim)
+        else:
+            factors.append(f if ndim == 2 else f.dimshuffle(0))
+    return [pt.constant(const.astype(dtype)), *factors]
 
 
 @node_rewriter(list(_PICK_OPS))
@@ -364,19 +494,26 @@ def local_softmax_cross_entropy_labels(fgraph, node):
     Also ``log_softmax(x)[arange(B)[:, None], y[:, None]]`` (take_along_axis)
     -> ``-SoftmaxCrossEntropy(x, y)[:, None]`` and
     ``log_softmax(x).flatten()[arange(B) * K + y]`` -> ``-SoftmaxCrossEntropy(x,
-    y)``. The minus sign of the usual ``-log_softmax(...)[...]`` cost cancels
-    against this one in :func:`local_fold_loss_negation`.
+    y)``. With the row index ``arange(n)``, ``n = y.shape[0]`` (or a constant),
+    the naive pick reads the first ``n`` rows: ``log_softmax(x)[arange(n), y]``
+    -> ``-SoftmaxCrossEntropy(x[:n], y)``. A (1, 1) scale inside the pick
+    comes out: ``(c * log_softmax(x))[rows, y]`` -> ``c * -SoftmaxCrossEntropy(x,
+    y)`` (``c = -1`` for ``(-log(softmax(x)))[rows, y]``). The minus signs
+    cancel in :func:`local_fold_loss_negation`.
     """
-    match = _match_pick(fgraph, node)
-    if match is None:
+    pick = _match_pick(fgraph, node)
+    if pick is None:
         return None
-    x, y, column = match
-    if y.type.shape[0] == 1 and x.type.shape[0] != 1:
-        y = pt.alloc(y[0], x.shape[0])
-    loss = SoftmaxCrossEntropy()(x, y)
-    logp = _minus_one(1, loss.type.dtype) * loss
-    if column:
-        logp = pt.expand_dims(logp, 1)
+    x = _first_rows(pick.x, pick.n)
+    loss = SoftmaxCrossEntropy()(x, _labels_for(pick.y, x, pick.n))
+    dtype = loss.type.dtype
+    if pick.column:
+        logp = _minus_one(2, dtype) * pt.expand_dims(loss, 1)
+    else:
+        logp = _minus_one(1, dtype) * loss
+    if pick.scale:
+        out_dtype = node.outputs[0].type.dtype
+        logp = mul(*_scale_factors(pick.scale, logp.type.ndim, out_dtype), logp)
     out = _like(node.outputs[0], logp)
     copy_stack_trace(node.outputs[0], [loss, out])
     return [out]
@@ -512,35 +649,85 @@ def local_fold_loss_negation(fgraph, node):
 # --------------------------------------------------------------------------
 
 
-def _log_softmax_pullback(node) -> tuple[Variable, Variable] | None:
-    """``(gz, x)`` when ``node`` is ``gz - sum(gz, 1)[:, None] * SM(x)``."""
-    gz, prod = node.inputs
+class _Pullback(NamedTuple):
+    """A recognised log-softmax pullback ``gz - sum(gz, 1)[:, None] * SM(x)``."""
+
+    gz: Variable  # the cotangent of LS(x), (B, K)
+    x: Variable
+    squeezed: bool  # the (K,) form of a one-row x: the node computes dx[0]
+
+
+def _squeezed_row(v: Variable) -> Variable | None:
+    """``u`` when ``v`` is ``u[0]`` written as a squeeze of a (1, K) ``u``."""
+    if v.owner is None or not isinstance(v.owner.op, DimShuffle):
+        return None
+    (u,) = v.owner.inputs
+    if u.type.ndim != 2 or tuple(v.owner.op.new_order) != (1,):
+        return None
+    return u
+
+
+def _is_row_sum(v: Variable, gz: Variable) -> bool:
+    """``v`` is ``sum(gz, axis=1)`` laid out to broadcast over the classes.
+
+    ``v`` is ``sum(gz, 1)[:, None]`` (B, 1); when ``gz`` has one row, any
+    layout of its one total (``sum(gz)`` over both axes, a (1,) vector for the
+    squeezed form) is the same thing.
+    """
+    if v.type.ndim not in (1, 2) or not v.type.broadcastable[-1]:
+        return False
+    total, order = v, None
+    if v.owner is not None and isinstance(v.owner.op, DimShuffle):
+        total, order = v.owner.inputs[0], tuple(v.owner.op.new_order)
+    if total.owner is None or not isinstance(total.owner.op, Sum):
+        return False
+    if total.owner.inputs[0] is not gz:
+        return False
+    axis = total.owner.op.axis
+    axes = (0, 1) if axis is None else tuple(sorted({a % 2 for a in axis}))
+    if gz.type.shape[0] == 1:
+        return axes in ((1,), (0, 1))
+    return axes == (1,) and order == (0, "x")
+
+
+def _log_softmax_pullback(node) -> _Pullback | None:
+    """The :class:`_Pullback` that the ``sub`` ``node`` computes, or None.
+
+    Also its squeezed form for one-row logits (the gradient of vector logits
+    made a row, ``softmax(shape_padleft(x))``), where canonicalize has lifted
+    the squeeze into the terms: ``gz[0] - SM(x)[0] * sum(gz)``.
+    """
+    a, prod = node.inputs
+    squeezed = node.outputs[0].type.ndim == 1
+    gz = _squeezed_row(a) if squeezed else a
+    if gz is None or gz.type.ndim != 2:
+        return None
     if not _is_elemwise(prod, ps.Mul) or len(prod.owner.inputs) != 2:
         return None
     for sm, expanded in (prod.owner.inputs, prod.owner.inputs[::-1]):
+        if squeezed:
+            sm = _squeezed_row(sm)
+            if sm is None:
+                continue
         x = _softmax_input(sm, Softmax)
-        if x is None or expanded.owner is None:
+        if x is None or gz.type.dtype != x.type.dtype:
             continue
-        if not isinstance(expanded.owner.op, DimShuffle):
-            continue
-        if tuple(expanded.owner.op.new_order) != (0, "x"):
-            continue
-        total = expanded.owner.inputs[0]
-        if total.owner is None or not isinstance(total.owner.op, Sum):
-            continue
-        axis = total.owner.op.axis
-        if axis is None or tuple(a % 2 for a in axis) != (1,):
-            continue
-        if total.owner.inputs[0] is gz and gz.type.dtype == x.type.dtype:
-            return gz, x
+        if _is_row_sum(expanded, gz):
+            return _Pullback(gz, x, squeezed)
     return None
 
 
-def _match_scatter(fgraph, gz: Variable, x: Variable):
-    """``(v, y)`` when ``gz`` scatters per-row values ``v`` into zeros at ``(rows, y)``.
+class _Scatter(NamedTuple):
+    """Per-row values ``v`` scattered into zeros at ``(rows(n), y)``."""
 
-    ``v`` is 0-d or 1-d (one value per row, or one for all).
-    """
+    v: Variable  # 0-d, (1,) or one value per row
+    y: Variable
+    n: object  # ALL_ROWS, or the length of the row prefix
+    rows: Variable | None  # the row index (None for the flat-index form)
+
+
+def _match_scatter(fgraph, gz: Variable, x: Variable) -> _Scatter | None:
+    """The :class:`_Scatter` that ``gz`` is, or None."""
     if gz.owner is None:
         return None
     op = gz.owner.op
@@ -559,7 +746,7 @@ def _match_scatter(fgraph, gz: Variable, x: Variable):
         y = _match_flat_index(fgraph, idx[0], x)
         if y is None or v.type.ndim > 1:
             return None
-        return v, y
+        return _Scatter(v, y, ALL_ROWS, None)
     if not isinstance(op, AdvancedIncSubtensor) or len(gz.owner.inputs) != 4:
         return None
     if getattr(op, "idx_list", (0, 1)) != (0, 1):
@@ -568,54 +755,104 @@ def _match_scatter(fgraph, gz: Variable, x: Variable):
     if not _is_zeros(zeros):
         return None
     if rows.type.ndim == 1:
-        if _is_labels(labels) and _is_rows(fgraph, rows, x) and v.type.ndim <= 1:
-            return v, labels
-        return None
+        n = _match_rows(fgraph, rows, x, labels)
+        if n is None or v.type.ndim > 1:
+            return None
+        return _Scatter(v, labels, n, rows)
     rows, labels = _column(rows), _column(labels)
-    if rows is None or labels is None or not _is_labels(labels):
+    if rows is None or labels is None:
         return None
-    if not _is_rows(fgraph, rows, x):
+    n = _match_rows(fgraph, rows, x, labels)
+    if n is None:
         return None
     # values broadcast against the (B, 1) index: (B, 1), (1, 1), (1,) or 0-d
     if v.type.ndim == 2 and v.type.shape[1] == 1:
         col = _column(v)
-        return (col if col is not None else v[:, 0]), labels
+        return _Scatter(col if col is not None else v[:, 0], labels, n, rows)
     if v.type.ndim == 0 or v.type.shape == (1,):
-        return v, labels
+        return _Scatter(v, labels, n, rows)
     return None
 
 
-def _is_picked_softmax(fgraph, v: Variable, x: Variable, y: Variable) -> bool:
-    """``v`` is ``softmax(x)[rows, y]``."""
+def _is_picked_softmax(fgraph, v: Variable, x: Variable, sc: _Scatter) -> bool:
+    """``v`` is ``softmax(x)[rows, y]`` at the scatter's own ``(rows, y)``."""
     if v.owner is None or not isinstance(v.owner.op, AdvancedSubtensor):
         return False
-    if len(v.owner.inputs) != 3:
+    if len(v.owner.inputs) != 3 or sc.rows is None:
         return False
     src, rows, labels = v.owner.inputs
-    return (
-        _softmax_input(src, Softmax) is x and labels is y and _is_rows(fgraph, rows, x)
+    if _softmax_input(src, Softmax) is not x or labels is not sc.y:
+        return False
+    return rows is sc.rows or (
+        sc.n is ALL_ROWS and _match_rows(fgraph, rows, x, labels) is ALL_ROWS
     )
 
 
-def _divided_by_picked_softmax(fgraph, v: Variable, x: Variable, y: Variable):
+def _product(factors: list[Variable]) -> Variable:
+    return factors[0] if len(factors) == 1 else mul(*factors)
+
+
+def _divided_by_picked_softmax(fgraph, v: Variable, x: Variable, sc: _Scatter):
     """``u`` when ``v = u / softmax(x)[rows, y]`` (the pullback of a log).
 
-    The denominator may carry other factors: ``u / (a * softmax(x)[rows, y])``
-    gives ``u / a``.
+    The denominator may carry other factors, and the quotient too (a scaled
+    cost ``a * sum(-log(...))`` scatters ``-1 * (a / softmax(x)[rows, y])``):
+    ``c * (u / (d * softmax(x)[rows, y]))`` gives ``c * u / d``.
     """
-    if not _is_elemwise(v, ps.TrueDiv) or v.type.ndim > 1:
+    if v.type.ndim > 1:
         return None
-    u, den = v.owner.inputs
-    if _is_picked_softmax(fgraph, den, x, y):
-        return u
-    if not _is_elemwise(den, ps.Mul):
+    factors = v.owner.inputs if _is_elemwise(v, ps.Mul) else [v]
+    divs = [f for f in factors if _is_elemwise(f, ps.TrueDiv)]
+    if len(divs) != 1:
         return None
-    factors = den.owner.inputs
-    picked = [i for i, f in enumerate(factors) if _is_picked_softmax(fgraph, f, x, y)]
+    (div,) = divs
+    others = [f for f in factors if f is not div]
+    u, den = div.owner.inputs
+    den_factors = den.owner.inputs if _is_elemwise(den, ps.Mul) else [den]
+    picked = [f for f in den_factors if _is_picked_softmax(fgraph, f, x, sc)]
     if len(picked) != 1:
         return None
-    rest = [f for i, f in enumerate(factors) if i != picked[0]]
-    return u / (rest[0] if len(rest) == 1 else mul(*rest))
+    rest = [f for f in den_factors if f is not picked[0]]
+    num = _product([*others, u])
+    return num / _product(rest) if rest else num
+
+
+def _labels_cotangent(fgraph, gz: Variable, x: Variable):
+    """``(g, y, n)`` when ``gz`` is the log-softmax cotangent of a labels loss.
+
+    ``gz`` is ``c_1 * ... * scatter``: one :class:`_Scatter` of per-row
+    values ``v`` at ``(rows(n), y)``, per-row scales ``c`` ((B, 1) or (1, 1)
+    factors) and at most one ``SM(x)``, in which case ``v`` must be ``u /
+    SM(x)[rows, y]`` (the gradient of ``-log(softmax(x)[rows, y])``, whose
+    ``SM(x) / SM(x)[rows, y]`` is one at the scattered entries). Then ``gz =
+    -g[:, None] * onehot(y)`` on the first ``n`` rows (zero below), with
+    ``g = -v * prod(c)``, which is exactly the cotangent that
+    ``SoftmaxCrossEntropyGrad(g, x[:n], y)`` pulls back.
+    """
+    factors = gz.owner.inputs if _is_elemwise(gz, ps.Mul) else [gz]
+    found = [(f, _match_scatter(fgraph, f, x)) for f in factors]
+    found = [(f, sc) for f, sc in found if sc is not None]
+    if len(found) != 1:
+        return None
+    scattered, sc = found[0]
+    rest = [f for f in factors if f is not scattered]
+    sms = [f for f in rest if _softmax_input(f, Softmax) is x]
+    scales = [f for f in rest if not any(f is s for s in sms)]
+    if len(sms) > 1 or not all(f.type.shape[1:] == (1,) for f in scales):
+        return None
+    v = sc.v
+    if sms:
+        v = _divided_by_picked_softmax(fgraph, v, x, sc)
+        if v is None:
+            return None
+    dtype = x.type.dtype
+    v = pt.cast(v, dtype) if v.type.dtype != dtype else v
+    vectors, scalar = _scale_vector(scales)
+    if sc.n is not ALL_ROWS:
+        vectors = [c if c.type.shape[0] == 1 else c[: sc.n] for c in vectors]
+    vectors = [pt.cast(c, dtype) if c.type.dtype != dtype else c for c in vectors]
+    g = _product([pt.constant(np.asarray(-scalar, dtype=dtype)), *vectors, v])
+    return g, sc.y, sc.n
 
 
 def _scale_vector(factors: list[Variable]) -> tuple[list[Variable], float]:
@@ -665,46 +902,50 @@ def local_softmax_cross_entropy_grad(fgraph, node):
     """gz - sum(gz, 1)[:, None] * softmax(x) -> SoftmaxCrossEntropyGrad(g, x, y).
 
     The log-softmax pullback, with ``gz`` the cotangent of a cross-entropy:
-    ``AdvancedIncSubtensor(zeros, -g, arange(B), y)`` (and the take_along_axis
-    and flat-index forms) gives integer labels ``y``;
-    ``mul(scatter, softmax(x))`` with the scattered values ``u / softmax(x)[arange(B),
-    y]`` (the gradient of ``-log(softmax(x)[arange(B), y])``) gives ``y`` with
-    ``g = -u``; a product ``gz = -t * g[:, None]`` gives soft targets ``t``.
+
+    * ``c * AdvancedIncSubtensor(zeros, v, arange(B), y)`` (and the
+      take_along_axis and flat-index forms; ``c`` per-row or constant scales,
+      e.g. ``-1`` for ``(-log(softmax(x)))[rows, y]``) gives integer labels
+      ``y`` with ``g = -c * v``;
+    * ``c * scatter(u / softmax(x)[arange(B), y]) * softmax(x)`` (the gradient
+      of ``-log(softmax(x)[arange(B), y])``, scaled costs included) gives
+      ``g = -c * u``;
+    * with the row index ``arange(n)``, ``n = y.shape[0]``, the rows from ``n``
+      on have a zero cotangent: ``set_subtensor(zeros_like(x)[:n],
+      SoftmaxCrossEntropyGrad(g, x[:n], y))``;
+    * a product ``gz = -t * g[:, None]`` gives soft targets ``t``.
+
+    One-row logits (vector logits made a row) have the squeezed pullback
+    ``gz[0] - softmax(x)[0] * sum(gz)`` -> ``SoftmaxCrossEntropyGrad(g, x,
+    y)[0]``.
     """
     match = _log_softmax_pullback(node)
     if match is None:
         return None
-    gz, x = match
+    gz, x, squeezed = match
     if not _shape_fits(gz, x):
         return None
-    dtype = x.type.dtype
-    scatter = _match_scatter(fgraph, gz, x)
-    if scatter is None and _is_elemwise(gz, ps.Mul) and len(gz.owner.inputs) == 2:
-        # -log(softmax(x)[rows, y]): gz = scatter(u / softmax(x)[rows, y]) * SM(x)
-        for s, sm in (gz.owner.inputs, gz.owner.inputs[::-1]):
-            if _softmax_input(sm, Softmax) is not x:
-                continue
-            inner = _match_scatter(fgraph, s, x)
-            if inner is None:
-                continue
-            u = _divided_by_picked_softmax(fgraph, inner[0], x, inner[1])
-            if u is not None:
-                scatter = (u, inner[1])
-                break
-    if scatter is not None:
-        v, y = scatter
-        if y.type.shape[0] == 1 and x.type.shape[0] != 1:
-            y = pt.alloc(y[0], x.shape[0])
-        g = _per_row(-pt.cast(v, dtype) if v.type.dtype != dtype else -v, x, dtype)
-        dx = SoftmaxCrossEntropyGrad()(g, x, y)
+    labels = _labels_cotangent(fgraph, gz, x)
+    if labels is not None:
+        g, y, n = labels
+        xs = _first_rows(x, n)
+        dxs = SoftmaxCrossEntropyGrad()(
+            _per_row(g, xs, x.type.dtype), xs, _labels_for(y, xs, n)
+        )
+        dx = dxs if n is ALL_ROWS else pt.set_subtensor(pt.zeros_like(x)[:n], dxs)
+        new = [dxs, dx]
     else:
         soft = _soft_cotangent(gz, x)
         if soft is None:
             return None
         g, t = soft
         dx = SoftmaxCrossEntropyGrad()(g, x, t)
+        new = [dx]
+    if squeezed:
+        dx = dx[0]
+        new.append(dx)
     out = _like(node.outputs[0], dx)
-    copy_stack_trace(node.outputs[0], [dx, out])
+    copy_stack_trace(node.outputs[0], [*new, out])
     return [out]
 
 

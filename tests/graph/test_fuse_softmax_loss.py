@@ -15,6 +15,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from helpers import rng
+from pytensor.compile.mode import get_default_mode
 from pytensor.graph.traversal import ancestors
 
 import cc2ops.graph.fuse_softmax_loss  # noqa: F401  (registers the rules)
@@ -96,6 +97,14 @@ def _log_after_pick(x, y, t):
     return -pt.log(pt.special.softmax(x, axis=1)[pt.arange(x.shape[0]), y])
 
 
+def _minus_before_pick(x, y, t):
+    return (-pt.log(pt.special.softmax(x, axis=1)))[pt.arange(x.shape[0]), y]
+
+
+def _labels_length_rows(x, y, t):
+    return -pt.special.log_softmax(x, axis=1)[pt.arange(y.shape[0]), y]
+
+
 def _take_along_axis(x, y, t):
     ls = pt.special.log_softmax(x, axis=-1)
     return -pt.take_along_axis(ls, y[:, None], axis=1)[:, 0]
@@ -118,6 +127,8 @@ FORMS = {
     "-log_softmax(x)[arange, y]": _log_softmax_pick,
     "-log(softmax(x))[arange, y]": _log_of_softmax_pick,
     "-log(softmax(x)[arange, y])": _log_after_pick,
+    "(-log(softmax(x)))[arange, y]": _minus_before_pick,
+    "-log_softmax(x)[arange(y.shape[0]), y]": _labels_length_rows,
     "take_along_axis": _take_along_axis,
     "flat index": _flat_index,
     "-(t * log_softmax(x)).sum(1)": _soft_log_softmax,
@@ -340,8 +351,11 @@ def _not_cross_entropy():
     return {
         # rows other than arange(B): the reversed batch
         "reversed rows": -ls[pt.arange(n)[::-1], y],
-        # labels' length, not provably the batch size
-        "arange(y.shape[0])": -ls[pt.arange(y.shape[0]), y],
+        # a row count that is neither the batch size nor the labels' length
+        # (here K - 2 = B; a negative count would make x[:n] wrong)
+        "arange(K - 2)": -ls[pt.arange(x.shape[1] - 2), y],
+        # rows that do not start at 0
+        "arange(1, B)": -ls[pt.arange(1, n), y[1:]],
         # softmax over the batch axis
         "softmax axis 0": -pt.special.log_softmax(x, axis=0)[pt.arange(n), y],
         # log_softmax twice in one product: quadratic, not a cross-entropy
@@ -355,7 +369,8 @@ def _not_cross_entropy():
     "case",
     [
         "reversed rows",
-        "arange(y.shape[0])",
+        "arange(K - 2)",
+        "arange(1, B)",
         "softmax axis 0",
         "t * ls * ls",
         "soft sum axis 0",
@@ -380,19 +395,35 @@ def test_not_a_cross_entropy_does_not_fuse(case):
     f = pytensor.function(ins, [cost, dx], **kw)
     ref = pytensor.function(ins, [cost, dx], mode=UNFUSED, on_unused_input="ignore")
     xv, yv, tv, _ = _values(seed=9)
-    cv = rng(10).normal(size=K if case == "soft sum axis 0" else B)
+    cv = rng(10).normal(size={"soft sum axis 0": K, "arange(1, B)": B - 1}.get(case, B))
     _compare(f, ref, [xv, yv, tv, cv], case)
 
 
-def test_constant_arange_shorter_than_batch_does_not_fuse():
+def test_constant_arange_shorter_than_batch_fuses_on_the_first_rows():
+    """arange(B - 1) reads the first B - 1 rows: fused on x[:B - 1], same values."""
     x = pt.matrix("x", shape=(B, None))
     y = pt.lvector("y")
     cost = -pt.special.log_softmax(x, axis=1)[pt.arange(B - 1), y].sum()
-    f = pytensor.function([x, y], [cost, pytensor.grad(cost, x)], mode=CC2OPS_MODE)
-    assert_not_fused(f, "arange(B - 1)")
-    ref = pytensor.function([x, y], [cost, pytensor.grad(cost, x)], mode=UNFUSED)
+    dx = pytensor.grad(cost, x)
+    f = pytensor.function([x, y], [cost, dx], mode=CC2OPS_MODE)
+    assert_fused_forward(f, "arange(B - 1)")
+    assert_fused_grad(f, "arange(B - 1)")
+    ref = pytensor.function([x, y], [cost, dx], mode=UNFUSED)
     xv, yv, _, _ = _values(seed=10)
     _compare(f, ref, [xv, yv[: B - 1]], "arange(B - 1)")
+    assert not f(xv, yv[: B - 1])[1][B - 1].any()
+
+
+def test_more_labels_than_rows_fails_as_unfused():
+    """arange(y.shape[0]) past the batch: both graphs refuse to run."""
+    x, y, t, g = _symbols()
+    cost = _labels_length_rows(x, y, t).sum()
+    xv, _, _, _ = _values(seed=14)
+    yv = np.zeros(B + 1, dtype=np.int64)
+    for mode in (CC2OPS_MODE, UNFUSED):
+        f = pytensor.function([x, y], cost, mode=mode)
+        with pytest.raises((IndexError, ValueError)):
+            f(xv, yv)
 
 
 def test_log_softmax_with_another_consumer():
@@ -442,3 +473,247 @@ def test_default_mode_fuses(form):
     ref = pytensor.function(ins, [cost, dx], mode=UNFUSED, on_unused_input="ignore")
     xv, yv, tv, _ = _values(seed=13)
     _compare(f, ref, [xv, yv, tv], f"default mode {form}")
+
+
+# --------------------------------------------------------------------------
+# Theano's family of cross-entropy expressions (theano/tensor/nnet/tests/
+# test_nnet.py: test_get_rid_of_advanced_indexing_version_of_xent,
+# test_xent_thing_int32, test_optimize_xent_vector*, the scaled-cost test; and
+# the Deep Learning Tutorials' cost), each checked output by output in one
+# compiled function per group
+# --------------------------------------------------------------------------
+
+#: What the naive graph computes and a fused one must not: softmax work and
+#: the picks and one-hot scatters of advanced indexing.
+_NAIVE_OPS = (
+    _SOFTMAX_OPS
+    | _SOFTMAX_SCALARS
+    | {"AdvancedSubtensor", "AdvancedSubtensor1"}
+    | {"AdvancedIncSubtensor", "AdvancedIncSubtensor1"}
+)
+
+
+def _names_above(fgraph, out) -> set[str]:
+    """Op names (inside composites too) of every node that ``out`` depends on."""
+    nodes = [v.owner for v in ancestors([out]) if v.owner is not None]
+    names: set[str] = set()
+    for node in nodes:
+        names.add(type(node.op).__name__)
+        for op in (getattr(node.op, "scalar_op", None), node.op):
+            inner = getattr(op, "fgraph", None)
+            if inner is not None:
+                names |= _op_names(inner)
+            if op is not None and op is not node.op:
+                names.add(type(op).__name__)
+    return names
+
+
+def assert_each_output_fused(fn, labels):
+    """Each output is computed by the fused op of its kind, with no naive op."""
+    fgraph = fn.maker.fgraph
+    for out, label in zip(fgraph.outputs, labels, strict=True):
+        names = _names_above(fgraph, out)
+        want = (
+            "SoftmaxCrossEntropyGrad"
+            if label.startswith("d")
+            else "SoftmaxCrossEntropy"
+        )
+        assert want in names, f"{label}: not fused: {sorted(names)}"
+        left = names & _NAIVE_OPS
+        assert not left, f"{label}: naive ops left: {sorted(left)}"
+
+
+def _theano_spellings(p, rows, y, reduce):
+    """Theano's four spellings of the cross-entropy of probabilities ``p``."""
+    return {
+        f"{reduce.__name__}(-log(p[rows, y]))": reduce(-pt.log(p[rows, y])),
+        f"-{reduce.__name__}(log(p[rows, y]))": -reduce(pt.log(p[rows, y])),
+        f"-{reduce.__name__}(log(p)[rows, y])": -reduce(pt.log(p)[rows, y]),
+        f"{reduce.__name__}(-log(p)[rows, y])": reduce((-pt.log(p))[rows, y]),
+    }
+
+
+def _scaled_spellings(p, rows, y, a):
+    """The scaled costs of Theano's dxcale test, sum and mean."""
+    out = {}
+    for r in (pt.sum, pt.mean):
+        n = r.__name__
+        for where, pick in (
+            ("log(p[rows, y])", lambda: pt.log(p[rows, y])),
+            ("log(p)[rows, y]", lambda: pt.log(p)[rows, y]),
+        ):
+            out[f"a * {n}(-{where})"] = a * r(-pick())
+            out[f"-a * {n}({where})"] = -a * r(pick())
+            out[f"a * (-{n}({where}))"] = a * (-r(pick()))
+            out[f"a * {n}({where})"] = a * r(pick())
+    return out
+
+
+#: PyTensor's own unfused gradient of ``mean((-log(p))[arange(n), y])`` is off
+#: by float32 rounding (about 1e-8 relative) where the fused one is exact.
+_FAMILY_TOL = dict(rtol=1e-7, atol=1e-12)
+
+
+def _check_family(ins, costs, wrt, values, mode=CC2OPS_MODE):
+    """Compile every cost and its gradients fused and unfused; check both."""
+    outs, labels = [], []
+    for name, cost in costs.items():
+        outs.append(cost)
+        labels.append(name)
+        for w in wrt:
+            if w not in ancestors([cost]):
+                continue
+            outs.append(pytensor.grad(cost, w))
+            labels.append(f"d/d{w.name} {name}")
+    kw = dict(on_unused_input="ignore")
+    fused = pytensor.function(ins, outs, mode=mode, **kw)
+    assert_each_output_fused(fused, labels)
+    unfused = mode.excluding("cc2ops_fuse_softmax_loss")
+    ref = pytensor.function(ins, outs, mode=unfused, **kw)
+    assert _names_above(ref.maker.fgraph, ref.maker.fgraph.outputs[0]) & _NAIVE_OPS
+    for args in values:
+        got, want = fused(*args), ref(*args)
+        for a, b, label in zip(got, want, labels, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype, label
+            np.testing.assert_allclose(a, b, **_FAMILY_TOL, err_msg=label)
+
+
+def _family_values(b, k, n_labels, seed, *, dtype="float64", label_dtype="int64"):
+    r = rng(seed)
+    x = (r.normal(size=(b, k)) * 2).astype(dtype)
+    bias = r.normal(size=k).astype(dtype)
+    y = r.integers(0, k, size=n_labels).astype(label_dtype)
+    return x, bias, y
+
+
+def _rows(spelling, x, y):
+    """``arange(x.shape[0])`` or Theano's ``arange(y.shape[0])``."""
+    return pt.arange((x if spelling == "x.shape[0]" else y).shape[0])
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+@pytest.mark.parametrize("labels", ["int64", "int32", "cast int32"])
+@pytest.mark.parametrize("rows", ["x.shape[0]", "y.shape[0]"])
+def test_theano_xent_family(rows, labels, bias):
+    """Sum and mean of Theano's four spellings, gradients wrt x (and b)."""
+    x = pt.matrix("x")
+    b = pt.vector("b")
+    y_in = pt.ivector("y") if labels == "int32" else pt.lvector("y")
+    y = pt.cast(y_in, "int32") if labels == "cast int32" else y_in
+    costs = {}
+    for i, reduce in enumerate((pt.sum, pt.mean)):
+        # Theano's bias tests alternate x + b and b + x
+        logits = (x + b if i == 0 else b + x) if bias else x
+        p = pt.special.softmax(logits, axis=-1)
+        costs.update(_theano_spellings(p, _rows(rows, x, y), y, reduce))
+    wrt = [x, b] if bias else [x]
+    dtype = "int32" if labels == "int32" else "int64"
+    values = [_family_values(4, 5, 4, seed=20, label_dtype=dtype)]
+    if rows == "y.shape[0]":
+        # fewer labels than rows: the naive graph reads the first len(y) rows
+        values.append(_family_values(4, 5, 3, seed=21, label_dtype=dtype))
+    _check_family([x, b, y_in], costs, wrt, values)
+
+
+@pytest.mark.parametrize("rows", ["x.shape[0]", "y.shape[0]"])
+def test_theano_scaled_costs(rows):
+    """a * sum(...), -a * sum(...), a * (-sum(...)), a * sum(log ...), and means."""
+    x = pt.matrix("x")
+    y = pt.lvector("y")
+    a = pt.scalar("a")
+    p = pt.special.softmax(x, axis=-1)
+    costs = _scaled_spellings(p, _rows(rows, x, y), y, a)
+    xv, _, yv = _family_values(3, 5, 3, seed=22)
+    values = [(xv, yv, 0.1), (xv, yv, -2.5)]
+    if rows == "y.shape[0]":
+        values.append((_family_values(4, 5, 2, seed=23)[0], yv[:2], 0.7))
+    _check_family([x, y, a], costs, [x], values)
+
+
+def _vector_labels(kind, y_in):
+    if kind == "lvector":
+        return y_in
+    if kind == "flatten":  # test_optimize_xent_vector3
+        return y_in.flatten()
+    return pt.specify_shape(y_in, (1,))  # test_optimize_xent_vector4
+
+
+@pytest.mark.parametrize("labels", ["lvector", "flatten", "specify_shape (1,)"])
+@pytest.mark.parametrize("row", ["shape_padleft", "[None, :], axis=-1"])
+def test_theano_vector_logits(row, labels):
+    """Vector logits made a (1, K) row (Theano's softmax of a vector), batch 1."""
+    x = pt.vector("x")
+    b = pt.vector("b")
+    y_in = pt.lvector("y")
+    y = _vector_labels(labels, y_in)
+
+    def as_row(v):
+        if row == "shape_padleft":
+            return pt.special.softmax(pt.shape_padleft(v))  # axis=None
+        return pt.special.softmax(v[None, :], axis=-1)
+
+    costs = {}
+    for name, logits in (("x", x), ("x + b", x + b)):
+        spellings = _theano_spellings(as_row(logits), pt.arange(y.shape[0]), y, pt.sum)
+        costs.update({f"{k} of {name}": v for k, v in spellings.items()})
+    r = rng(24)
+    values = [(r.normal(size=5), r.normal(size=5), np.array([2]))]
+    _check_family([x, b, y_in], costs, [x, b], values)
+
+
+@pytest.mark.filterwarnings("ignore:Numba will use object mode")
+@pytest.mark.parametrize("mode", ["cc2ops", "default"])
+def test_deep_learning_tutorial_cost(mode):
+    """LogisticRegression.negative_log_likelihood of the Deep Learning Tutorials."""
+    inp = pt.matrix("input")
+    w = pt.matrix("W")
+    b = pt.vector("b")
+    y = pt.ivector("y")
+    p_y_given_x = pt.special.softmax(pt.dot(inp, w) + b, axis=-1)
+    cost = -pt.mean(pt.log(p_y_given_x)[pt.arange(y.shape[0]), y])
+    r = rng(25)
+    values = [
+        (r.normal(size=(6, 4)), r.normal(size=(4, 3)), r.normal(size=3), y_v)
+        for y_v in (r.integers(0, 3, size=6, dtype=np.int32),)
+    ]
+    m = CC2OPS_MODE if mode == "cc2ops" else get_default_mode()
+    _check_family([inp, w, b, y], {"nll": cost}, [w, b], values, mode=m)
+
+
+@pytest.mark.filterwarnings("ignore:Numba will use object mode")
+def test_default_mode_fuses_vector_logits_and_scaled_costs():
+    """PyTensor's default mode picks up the new idioms too."""
+    x = pt.matrix("x")
+    v = pt.vector("v")
+    y = pt.lvector("y")
+    a = pt.scalar("a")
+    p = pt.special.softmax(x, axis=-1)
+    rows = pt.arange(y.shape[0])
+    costs = {
+        "a * sum(-log(p[rows, y]))": a * pt.sum(-pt.log(p[rows, y])),
+        "vector sum(-log(p[rows, y]))": pt.sum(
+            -pt.log(pt.special.softmax(pt.shape_padleft(v))[rows, y])
+        ),
+    }
+    r = rng(26)
+    # one label: the vector logits' batch, and the first row of the matrix's
+    values = [(r.normal(size=(3, 4)), r.normal(size=4), np.array([1]), 0.5)]
+    values.append((values[0][0], values[0][1], np.array([3]), -1.5))
+    _check_family([x, v, y, a], costs, [x, v], values, mode=get_default_mode())
+
+
+def test_single_static_label_over_a_row_prefix():
+    """arange(3) with one static label: the label repeats over the first 3 rows."""
+    x = pt.matrix("x")
+    y = pt.lvector("y", shape=(1,))
+    cost = -pt.special.log_softmax(x, axis=1)[pt.arange(3), y]
+    dx = pytensor.gradient.pullback(cost, x, pt.ones(3))
+    f = pytensor.function([x, y], [cost, dx], mode=CC2OPS_MODE)
+    assert_fused_forward(pytensor.function([x, y], cost, mode=CC2OPS_MODE), "arange(3)")
+    assert_fused_grad(f, "arange(3)")
+    ref = pytensor.function([x, y], [cost, dx], mode=UNFUSED)
+    xv = _values(seed=15)[0]
+    _compare(f, ref, [xv, np.array([2])], "arange(3), one label")
+    for fn in (f, ref):  # two rows: too few for arange(3), fused or not
+        with pytest.raises((IndexError, ValueError)):
+            fn(xv[:2], np.array([2]))
