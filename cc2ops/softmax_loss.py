@@ -576,7 +576,7 @@ def softmax_cross_entropy(logits: Any, targets: Any) -> TensorVariable:
     float64. Soft targets need not sum to one; the loss is linear in them and
     they are differentiable. Reduce with ``.mean()`` for the usual batch cost.
     """
-    logits, targets = upcast_floats(logits, targets)
+    logits, targets = upcast_floats(_SCE, logits=logits, targets=targets)
     return SoftmaxCrossEntropy()(logits, targets)
 
 
