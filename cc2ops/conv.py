@@ -812,7 +812,8 @@ def conv2d(
     Raises
     ------
     TypeError
-        Wrong number of dims, non-float dtype, non-int parameters.
+        ``x`` or ``w`` not a tensor (``None``, a string, ...), wrong number of
+        dims, non-float dtype, parameters that are not ints (bools included).
     ValueError
         Bad layout, stride < 1, padding < 0, groups < 1 or not dividing C and
         F, channel mismatch, filter larger than the padded image.
