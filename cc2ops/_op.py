@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.op import Op
@@ -44,7 +45,9 @@ def float_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVari
     """
     x = _as_tensor(op, role, x)
     if x.type.ndim != ndim:
-        raise TypeError(f"{op}: {role} must have {ndim} dims {axes}, got {x.type.ndim}")
+        raise TypeError(
+            f"{op}: {role} must have {_dims(ndim)} {axes}, got {x.type.ndim}"
+        )
     if x.type.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
     return x
@@ -54,7 +57,9 @@ def int_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVariab
     """``x`` as an integer tensor of ``ndim`` dims, else ``TypeError``."""
     x = _as_tensor(op, role, x)
     if x.type.ndim != ndim:
-        raise TypeError(f"{op}: {role} must have {ndim} dims {axes}, got {x.type.ndim}")
+        raise TypeError(
+            f"{op}: {role} must have {_dims(ndim)} {axes}, got {x.type.ndim}"
+        )
     if x.type.dtype not in INT_DTYPES:
         raise TypeError(f"{op}: {role} must have an integer dtype, got {x.type.dtype}")
     return x
@@ -69,12 +74,14 @@ def same_dtype(op: str, **named: TensorVariable) -> str:
     return next(iter(dtypes.values()))
 
 
-def upcast_floats(*xs: Any) -> list[TensorVariable]:
-    """Builder helper: cast float tensors to their common float dtype.
+def upcast_floats(op: str, **named: Any) -> list[TensorVariable]:
+    """Builder helper: ``named`` as tensors, floats cast to their common float dtype.
 
+    Each value is converted with :func:`_as_tensor` (a ``TypeError`` naming
+    ``op`` and the keyword as the role for anything that is not a tensor).
     Non-float inputs pass through unchanged so that ``make_node`` reports them.
     """
-    xs = [pt.as_tensor_variable(x) for x in xs]
+    xs = [_as_tensor(op, role, x) for role, x in named.items()]
     floats = [x.type.dtype for x in xs if x.type.dtype in FLOAT_DTYPES]
     if not floats:
         return xs
@@ -87,13 +94,55 @@ def upcast_floats(*xs: Any) -> list[TensorVariable]:
     ]
 
 
+def _dims(ndim: int) -> str:
+    return f"{ndim} dim" if ndim == 1 else f"{ndim} dims"
+
+
+def _show(x: Any) -> str:
+    """``x`` for a message: its type and a repr cut to a readable length."""
+    text = repr(x)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(x).__name__} {text}"
+
+
+def _has_bool_among_numbers(x: Any) -> bool:
+    """Whether a (nested) list/tuple mixes bools with other entries.
+
+    NumPy reads ``[True, 3]`` as the integers ``[1, 3]``; a bool where a
+    number belongs is a mistake, so it is refused instead. All-bool sequences
+    pass (they become a bool tensor, which the dtype checks then refuse).
+    """
+    flat: list[Any] = []
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+        else:
+            flat.append(item)
+    bools = [isinstance(v, (bool, np.bool_)) for v in flat]
+    return any(bools) and not all(bools)
+
+
 def _as_tensor(op: str, role: str, x: Any) -> TensorVariable:
+    """``x`` as a tensor variable, else ``TypeError`` naming ``op``, ``role``, ``x``.
+
+    Accepts what :func:`pytensor.tensor.as_tensor_variable` accepts (tensor
+    variables, numbers, arrays, nested lists of numbers) except lists that
+    mix bools with numbers. ``None``, strings, dicts and other objects raise
+    ``TypeError("<op>: <role> must be a tensor ..., got <type> <value>")``
+    instead of PyTensor's ``NotImplementedError``, which names neither.
+    """
+    rule = f"{op}: {role} must be a tensor (a PyTensor variable or numeric array)"
+    if isinstance(x, (str, bytes, dict, set, type(None))):
+        raise TypeError(f"{rule}, got {_show(x)}")
+    if isinstance(x, (list, tuple)) and _has_bool_among_numbers(x):
+        raise TypeError(f"{rule}; bools are not numbers here, got {_show(x)}")
     try:
         return pt.as_tensor_variable(x)
     except (TypeError, ValueError, NotImplementedError) as e:
-        raise TypeError(
-            f"{op}: {role} must be a tensor, got {type(x).__name__}: {e}"
-        ) from e
+        raise TypeError(f"{rule}, got {_show(x)} ({e})") from e
 
 
 def is_disconnected(v: Any) -> bool:

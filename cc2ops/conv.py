@@ -812,7 +812,8 @@ def conv2d(
     Raises
     ------
     TypeError
-        Wrong number of dims, non-float dtype, non-int parameters.
+        ``x`` or ``w`` not a tensor (``None``, a string, ...), wrong number of
+        dims, non-float dtype, parameters that are not ints (bools included).
     ValueError
         Bad layout, stride < 1, padding < 0, groups < 1 or not dividing C and
         F, channel mismatch, filter larger than the padded image.
@@ -830,7 +831,7 @@ def conv2d(
     name = "conv2d"
     check_layout(name, layout)
     op = FilterActs(stride=stride, padding=padding, groups=groups)
-    x, w = upcast_floats(x, w)
+    x, w = upcast_floats(name, images=x, filters=w)
     filter_axes = FILTER_AXES if layout == "bc01" else FILTER_AXES_C01B
     x = float_tensor(name, "images", x, 4, axes_doc(layout))
     w = float_tensor(name, "filters", w, 4, filter_axes)

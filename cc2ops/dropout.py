@@ -35,18 +35,18 @@ GPU training step has no host node and no host read for dropout; see
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Any
 
 import numpy as np
 import pytensor
-import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.type import TensorType
 
-from cc2ops._op import Cc2Op
+from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, Cc2Op, _as_tensor
 
 __all__ = [
     "PHILOX_M0",
@@ -155,26 +155,40 @@ def _check_state_value(op: str, state: np.ndarray) -> None:
         )
 
 
-def _check_p(p: Any) -> float:
-    try:
-        value = float(p)
-    except (TypeError, ValueError):
+def _check_p(p: Any, op: str = "dropout") -> float:
+    """``p`` as a float in ``[0, 1)``.
+
+    Only real numbers are accepted (int, float, NumPy scalars): a string is
+    not parsed and a bool is not read as 0 or 1, since either is more likely a
+    slip than a probability.
+    """
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
         raise TypeError(
-            f"dropout: p must be a float with 0 <= p < 1, got {p!r}"
-        ) from None
+            f"{op}: p must be a real number (int, float or NumPy scalar; not a "
+            f"bool or a string) with 0 <= p < 1, got {type(p).__name__} {p!r}"
+        )
+    value = float(p)
     if not 0.0 <= value < 1.0 or math.isnan(value):
-        raise ValueError(f"dropout: p must satisfy 0 <= p < 1, got {value}")
+        raise ValueError(f"{op}: p must satisfy 0 <= p < 1, got {p!r}")
     return value
 
 
 def _state_var(op: str, state: Any) -> Variable:
-    state = pt.as_tensor_variable(state)
+    state = _as_tensor(op, "state", state)
     if state.type.dtype != "uint32" or state.type.ndim != 1:
         raise TypeError(
             f"{op}: state must be the uint32 vector of dropout_state(), got "
             f"{state.type}"
         )
     return state
+
+
+def _float_input(op: str, x: Any) -> Variable:
+    """``x`` as a float32/float64 tensor of any shape, else ``TypeError``."""
+    x = _as_tensor(op, "x", x)
+    if x.type.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: x must be float32 or float64, got {x.type.dtype}")
+    return x
 
 
 class Dropout(Cc2Op):
@@ -196,14 +210,10 @@ class Dropout(Cc2Op):
     __props__ = ("p",)
 
     def __init__(self, p: float) -> None:
-        self.p = _check_p(p)
+        self.p = _check_p(p, "Dropout")
 
     def make_node(self, x: Any, state: Any) -> Apply:
-        x = pt.as_tensor_variable(x)
-        if x.type.dtype not in ("float32", "float64"):
-            raise TypeError(
-                f"Dropout: x must be float32 or float64, got {x.type.dtype}"
-            )
+        x = _float_input("Dropout", x)
         state = _state_var("Dropout", state)
         return Apply(self, [x, state], [x.type()])
 
@@ -240,10 +250,11 @@ class DropoutAdvance(Cc2Op):
 
     def make_node(self, state: Any, n: Any) -> Apply:
         state = _state_var("DropoutAdvance", state)
-        n = pt.as_tensor_variable(n)
-        if n.type.ndim != 0 or not n.type.dtype.startswith(("int", "uint")):
+        n = _as_tensor("DropoutAdvance", "n", n)
+        if n.type.ndim != 0 or n.type.dtype not in INT_DTYPES:
             raise TypeError(
-                f"DropoutAdvance: n must be an integer scalar, got {n.type}"
+                "DropoutAdvance: n must be an integer scalar (the element count), "
+                f"got {n.type}"
             )
         return Apply(self, [state, n], [TensorType("uint32", (4,))()])
 
@@ -297,7 +308,12 @@ def dropout_state(
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(
-            f"dropout_state: seed must be an int, got {type(seed).__name__}"
+            f"dropout_state: seed must be an int, got {type(seed).__name__} {seed!r}"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"dropout_state: name must be None or a str, got {type(name).__name__} "
+            f"{name!r}"
         )
     seed = int(seed)
     if not 0 <= seed < 2**64:
@@ -311,7 +327,7 @@ def dropout_state(
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise TypeError(
                 "dropout_state: device must be None or an int device label, got "
-                f"{type(device).__name__}"
+                f"{type(device).__name__} {device!r}"
             )
         if device < 0:
             raise ValueError(f"dropout_state: device must be >= 0, got {device}")
@@ -355,11 +371,15 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
     Raises
     ------
     ValueError
-        ``p`` outside ``[0, 1)``, or a state that already drives a dropout.
+        ``p`` outside ``[0, 1)`` (or NaN), or a state that already drives a
+        dropout.
     TypeError
-        ``state`` is not a dropout state.
+        ``p`` is not a real number (a bool or a string is refused, not read as
+        a number); ``x`` is not a float32/float64 tensor; ``state`` is not a
+        dropout state.
     """
     p = _check_p(p)
+    x = _float_input("dropout", x)
     if not (
         isinstance(state, SharedVariable)
         and getattr(state.tag, "cc2ops_dropout_state", False)
@@ -368,7 +388,6 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
             "dropout: state must be a shared variable made by dropout_state(seed), got "
             f"{type(state).__name__}"
         )
-    x = pt.as_tensor_variable(x)
     if p == 0.0:
         return x
     if state.default_update is not None:

@@ -272,7 +272,19 @@ def _hw_pair(op: str, image_hw) -> Pair:
         raise ValueError(
             f"{op}: image_hw must have 2 entries (H, W), got {hw.tolist()!r}"
         )
-    return int(hw[0]), int(hw[1])
+    out = int(hw[0]), int(hw[1])
+    _check_image_hw(op, out)
+    return out
+
+
+def _check_image_hw(op: str, hw: Sequence[int | None]) -> None:
+    """An (H, W) of the images, where known, must be >= 1 along both axes.
+
+    Checked before the window rules so that a negative or zero size is
+    reported as what it is, not as a window that does not fit.
+    """
+    if any(n is not None and n < 1 for n in hw):
+        raise ValueError(f"{op}: image_hw (H, W) must be >= 1, got {tuple(hw)}")
 
 
 def _avg_pool_grad(gy, image_hw, size, stride, start, op: str) -> np.ndarray:
@@ -812,6 +824,7 @@ class AvgPoolGrad(_Pool):
         if length is not None and length != 2:
             raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
         h, w = _static_hw(image_hw)
+        _check_image_hw(op, (h, w))
         image = (gy.type.shape[0], gy.type.shape[1], h, w)
         self._check_static(
             "output gradient", gy.type.shape, self._static_pooled(image), image

@@ -220,20 +220,32 @@ def _symbolic_forward(
     def const(v: float) -> TensorVariable:
         return pt.constant(np.asarray(v, dtype=dtype))
 
+    # Channel padding is built by concatenating zero blocks, never by
+    # set_subtensor into a zeros tensor: PyTensor 3.0.7's
+    # local_add_of_sparse_write turns `a + set_subtensor(zeros[idx], v)` into
+    # `inc_subtensor(a[idx], v)` even when `a` is a broadcast scalar such as
+    # k, which then fails at run time (issue 20). A join has no such rewrite.
     sq = pt.sqr(x)
     b, c, h, w = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+
+    def zeros(channels) -> TensorVariable:
+        return pt.zeros((b, channels, h, w), dtype=dtype)
+
     if blocked:
         # pad the channels to whole groups, sum each group, spread it back
         groups = (c + size - 1) // size
-        padded = pt.zeros((b, groups * size, h, w), dtype=dtype)
-        padded = pt.set_subtensor(padded[:, :c], sq)
+        padded = pt.concatenate([sq, zeros(groups * size - c)], axis=1)
         g = padded.reshape((b, groups, size, h, w)).sum(axis=2, keepdims=True)
-        sums = pt.repeat(g, size, axis=2).reshape((b, groups * size, h, w))[:, :c]
+        spread = pt.broadcast_to(g, (b, groups, size, h, w))
+        sums = spread.reshape((b, groups * size, h, w))[:, :c]
     else:
         # zero padding makes the clipped window a sum of `size` shifted slices
-        before = size // 2
-        padded = pt.zeros((b, c + size - 1, h, w), dtype=dtype)
-        padded = pt.set_subtensor(padded[:, before : before + c], sq)
+        before, after = size // 2, (size - 1) // 2
+        parts = [zeros(before)] if before else []
+        parts.append(sq)
+        if after:
+            parts.append(zeros(after))
+        padded = pt.concatenate(parts, axis=1) if len(parts) > 1 else sq
         sums = padded[:, :c]
         for tap in range(1, size):
             sums = sums + padded[:, tap : tap + c]

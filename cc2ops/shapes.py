@@ -259,7 +259,7 @@ def check_pool_params(
     """Validate pooling parameters (and the image size where it is known).
 
     Rules: ``size >= 1``, ``stride >= 1``, ``-size < start`` (the first window
-    holds a pixel), and for a known length ``L``: ``start < L`` and
+    holds a pixel), and for a known length ``L``: ``L >= 1``, ``start < L`` and
     ``size <= L - start`` (the window fits in the image from ``start``).
     """
     for name, val in (("size", size), ("stride", stride)):
@@ -277,6 +277,8 @@ def check_pool_params(
         if n is None:
             continue
         side = "rows" if axis == 0 else "cols"
+        if n < 1:
+            raise ValueError(f"{op}: the image {side} ({n}) must be >= 1")
         if start[axis] >= n:
             raise ValueError(
                 f"{op}: start ({start[axis]}) must be < the image {side} ({n})"

@@ -562,8 +562,9 @@ def softmax_cross_entropy(logits: Any, targets: Any) -> TensorVariable:
     Raises
     ------
     TypeError
-        Logits that are not a 2-d float tensor; targets that are neither a 1-d
-        integer nor a 2-d float tensor.
+        Logits or targets that are not tensors at all (``None``, a string,
+        ...); logits that are not a 2-d float tensor; targets that are neither
+        a 1-d integer nor a 2-d float tensor.
     ValueError
         Statically known shapes that disagree; at run time, shapes that
         disagree or a label outside ``[0, K)`` (the message gives the label
@@ -576,7 +577,7 @@ def softmax_cross_entropy(logits: Any, targets: Any) -> TensorVariable:
     float64. Soft targets need not sum to one; the loss is linear in them and
     they are differentiable. Reduce with ``.mean()`` for the usual batch cost.
     """
-    logits, targets = upcast_floats(logits, targets)
+    logits, targets = upcast_floats(_SCE, logits=logits, targets=targets)
     return SoftmaxCrossEntropy()(logits, targets)
 
 

@@ -580,7 +580,7 @@ BUILD_ERRORS = {
     ),
     "ndim filter_hw": (
         TypeError,
-        r"WeightActs: filter_hw must have 1 dims \(kh, kw\), got 2",
+        r"WeightActs: filter_hw must have 1 dim \(kh, kw\), got 2",
         lambda: WeightActs()(_t4(), _t4(), pt.lmatrix()),
     ),
     "int images": (

@@ -772,7 +772,7 @@ def test_bad_avg_grad_input():
         TypeError, "AvgPoolGrad: image_hw must have an integer dtype, got float64"
     ):
         AvgPoolGrad(size=2)(gy, pt.vector())
-    with raises(TypeError, "AvgPoolGrad: image_hw must have 1 dims (H, W), got 2"):
+    with raises(TypeError, "AvgPoolGrad: image_hw must have 1 dim (H, W), got 2"):
         AvgPoolGrad(size=2)(gy, pt.lmatrix())
     with raises(ValueError, "AvgPoolGrad: image_hw must have 2 entries (H, W), got 3"):
         AvgPoolGrad(size=2)(gy, [4, 4, 4])
@@ -808,7 +808,7 @@ def test_bad_avg_grad_input():
     )
     expect_error(
         ValueError,
-        "AvgPoolGrad: start (0) must be < the image rows (0)",
+        "AvgPoolGrad: image_hw (H, W) must be >= 1, got (0, 7)",
         fn,
         np.zeros((1, 2, 2, 3)),
         np.array([0, 7]),

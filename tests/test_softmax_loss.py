@@ -535,7 +535,7 @@ def test_bad_grad_op_inputs():
     x = pt.matrix()
     y = pt.lvector()
     with pytest.raises(
-        TypeError, match=r"SoftmaxCrossEntropyGrad: g must have 1 dims \(B,\), got 2"
+        TypeError, match=r"SoftmaxCrossEntropyGrad: g must have 1 dim \(B,\), got 2"
     ):
         SoftmaxCrossEntropyGrad()(pt.matrix(), x, y)
     with pytest.raises(
