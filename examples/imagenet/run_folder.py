@@ -6,6 +6,9 @@ One folder holds one run. A run's files are its checkpoints
 what a new run may do with its ``--out``:
 
 - a folder that is missing or holds none of those files is used as it is;
+- a new run (no ``--resume``) whose settings are those of the finished run that
+  the folder holds has nothing to do (:func:`finished_run`): the same
+  command can be run twice, and the second time changes nothing;
 - ``--resume`` continues the run that the folder holds: the checkpoint's
   ``run_id`` is the one of every checkpoint there (a checkpoint without a
   ``run_id``, from before there were any, counts as the folder's own when it
@@ -124,6 +127,27 @@ def _conflict(out: Path, files: list[Path], resume: Any | None) -> str | None:
             "two runs"
         )
     return None
+
+
+def finished_run(
+    out: str | os.PathLike, config: dict[str, Any], epochs: int
+) -> Path | None:
+    """The newest checkpoint of ``out`` when it ends a run with ``config``.
+
+    That is: it is an end-of-epoch checkpoint, at least ``epochs`` epochs
+    are done, and its saved settings equal ``config`` (compared as JSON).
+    Otherwise None.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    ckpts = ckpt_mod.list_checkpoints(out)
+    if not ckpts:
+        return None
+    header = ckpt_mod.read_header(ckpts[-1][1])
+    same = header.get("config") == json.loads(json.dumps(config))
+    done = header.get("step_in_epoch") == 0 and int(header.get("epoch", 0)) >= epochs
+    return ckpts[-1][1] if same and done else None
 
 
 def _aside_name(out: Path) -> Path:

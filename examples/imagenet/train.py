@@ -777,12 +777,14 @@ def _interrupt_message(e: KeyboardInterrupt) -> str:
 
     out = getattr(e, "out", None)
     ckpt = getattr(e, "checkpoint", None)
+    if not out:  # before the run's folder was known: nothing was written
+        return "train.py: interrupted"
     if ckpt:
         return (
             f"train.py: interrupted at step {e.step}; wrote {ckpt}; resume with "
             f"--resume {shlex.quote(out)}"
         )
-    if out and Path(out).is_dir() and ckpt_mod.list_checkpoints(out):
+    if Path(out).is_dir() and ckpt_mod.list_checkpoints(out):
         return (
             f"train.py: interrupted; resume with --resume {shlex.quote(out)} (its "
             "newest checkpoint; the steps after it are redone)"
@@ -942,6 +944,10 @@ def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
     resume = ckpt_mod.load_checkpoint(args.resume, warn) if args.resume else None
     header = resume.header if resume else None
     cfg = resolve_config(args, header, warn)
+    if resume is None and not args.overwrite:
+        done = _finished(cfg, warn)
+        if done is not None:
+            return done
     folder = run_folder.plan_run_folder(cfg.out, resume, args.overwrite)
     guard.out = cfg.out
     resumed_here = resume is not None and (
@@ -1243,6 +1249,33 @@ def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
         "checkpoint": str(last_ckpt) if last_ckpt else None,
         "curves": str(curves) if curves else None,
         "network": net.spec_hash(),
+    }
+
+
+def _finished(cfg: argparse.Namespace, warn: Callable[[str], None]) -> dict | None:
+    """The summary of :func:`main` when ``--out`` already holds this very run,
+    finished (the same command run twice), else None."""
+    config = {k: getattr(cfg, k) for k in RESUMED}
+    last = run_folder.finished_run(cfg.out, config, cfg.epochs)
+    if last is None:
+        return None
+    header = ckpt_mod.read_header(last)
+    warn(
+        f"nothing to do: {cfg.out} already holds this run, finished ({last.name}); "
+        "to train it again, give another --out or --overwrite, to train longer "
+        f"--resume {cfg.out} --epochs N"
+    )
+    curves = Path(cfg.out) / "curves.png"
+    return {
+        "out": str(cfg.out),
+        "epoch": int(header["epoch"]),
+        "step": int(header["step"]),
+        "history": [],
+        "step_losses": [],
+        "skipped_images": 0,
+        "checkpoint": str(last),
+        "curves": str(curves) if curves.exists() else None,
+        "network": header.get("net", {}).get("spec_hash"),
     }
 
 
