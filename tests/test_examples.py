@@ -9,12 +9,16 @@ smallest its layers accept) for dropout.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +38,7 @@ import train  # noqa: E402
 ckpt_mod = train.ckpt_mod
 data = train.data
 nets = train.nets
+run_folder = train.run_folder
 
 #: Small-net settings shared by the runs (a resumed run takes them from the
 #: checkpoint).
@@ -46,7 +51,7 @@ def digits(tmp_path_factory) -> Path:
     """3 classes x (16 train + 4 val) real JPEG files, 36 x 36."""
     root = tmp_path_factory.mktemp("digits")
     counts = make_dataset.make_digits_dataset(root, size=36, classes=3, per_class=20)
-    assert counts == {"train": 48, "val": 12, "classes": 3}
+    assert counts == {"train": 48, "val": 12, "classes": 3, "written": True}
     return root
 
 
@@ -90,8 +95,43 @@ def test_make_dataset_writes_the_imagenet_layout_as_jpeg(digits):
             assert all(f.suffix == ".JPEG" for f in files)
     with Image.open(next((digits / "train" / "0").iterdir())) as im:
         assert im.format == "JPEG" and im.mode == "RGB" and im.size == (36, 36)
-    with pytest.raises(FileExistsError, match="--force"):
-        make_dataset.make_digits_dataset(digits, classes=3, per_class=20)
+
+
+def _tree_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def test_make_dataset_twice_is_a_no_op_and_never_deletes_other_images(tmp_path, capsys):
+    out = tmp_path / "d"
+    argv = ["--out", str(out), "--classes", "2", "--per-class", "5", "--size", "8"]
+    assert make_dataset.main(argv)["written"]
+    before = _tree_files(out)
+    # the Quickstart line, run again: nothing to do, nothing touched
+    again = make_dataset.main(argv)
+    assert again == {"train": 8, "val": 2, "classes": 2, "written": False}
+    assert "nothing to do" in capsys.readouterr().out
+    assert _tree_files(out) == before
+    # other settings: refused without --force, replaced with it
+    with pytest.raises(SystemExit, match=r"other settings: size 8 \(asked: 9\)"):
+        make_dataset.main([*argv[:-1], "9"])
+    assert _tree_files(out) == before
+    assert make_dataset.main([*argv[:-1], "9", "--force"])["written"]
+    # an unfinished dataset (a killed run) is written again
+    manifest = out / make_dataset.MANIFEST
+    manifest.write_text(manifest.read_text()[:20])  # torn
+    next((out / "train").rglob("*.JPEG")).unlink()
+    assert make_dataset.main(argv)["written"]
+    assert _tree_files(out) == before
+    # images that the script did not write: refused, even with --force
+    other = tmp_path / "mine"
+    (other / "train" / "cat").mkdir(parents=True)
+    (other / "train" / "cat" / "a.JPEG").write_bytes(b"my photo")
+    for extra in ([], ["--force"]):
+        with pytest.raises(SystemExit, match="not written by make_dataset.py"):
+            make_dataset.main(["--out", str(other), *argv[2:], *extra])
+    assert (other / "train" / "cat" / "a.JPEG").read_bytes() == b"my photo"
 
 
 def test_loader_crops_flips_and_normalises(digits):
@@ -208,11 +248,31 @@ def test_the_training_graph_is_float32():
     assert dtypes == {"float32"}
 
 
+def _step_records(out: Path) -> list[tuple]:
+    """``(step, loss, top1_err)`` of the step records of ``out``'s metrics.jsonl."""
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    return [(r["step"], r["loss"], r["top1_err"]) for r in recs if r["kind"] == "step"]
+
+
+def _interrupt_at(monkeypatch, at_step: int) -> None:
+    """Send this process a real SIGINT (Ctrl-C) as step ``at_step`` begins."""
+    real = train.learning_rate
+    sent = []
+
+    def lr_then_ctrl_c(step, cfg, steps_per_epoch):
+        if step + 1 == at_step and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(step, cfg, steps_per_epoch)
+
+    monkeypatch.setattr(train, "learning_rate", lr_then_ctrl_c)
+
+
 def test_resume_from_the_epoch_1_checkpoint_reproduces_two_epochs_exactly(
-    digits, tmp_path
+    digits, tmp_path, monkeypatch, capsys
 ):
     full = tmp_path / "full"
-    _run(digits, full, "--epochs", "2", "--keep-checkpoints", "0")
+    _run(digits, full, "--epochs", "2", "--keep-checkpoints", "0", "--log-every", "2")
     # resume the epoch-1 checkpoint into another folder
     part = tmp_path / "part"
     part.mkdir()
@@ -224,18 +284,61 @@ def test_resume_from_the_epoch_1_checkpoint_reproduces_two_epochs_exactly(
     )
     # a stop in the middle of an epoch (--max-steps) resumes exactly too
     mid = tmp_path / "mid"
-    r = _run(digits, mid, "--epochs", "2", "--max-steps", "9")
+    r = _run(digits, mid, "--epochs", "2", "--max-steps", "9", "--log-every", "2")
     assert r["step"] == 9 and Path(r["checkpoint"]).name.startswith("ckpt-epoch001-")
-    r = train.main(["--resume", str(mid), *QUIET])
+    r = train.main(["--resume", str(mid), "--log-every", "2", *QUIET])
     assert r["step"] == 12
     _assert_identical(
         _params(full / "ckpt-epoch002.npz"), _params(mid / "ckpt-epoch002.npz")
     )
-    # the resumed epoch's logged training loss covers the whole epoch
+    # the resumed epoch's logged training loss covers the whole epoch, and the
+    # step records (windows of --log-every steps) are the uninterrupted ones
     a = list((full / "metrics.csv").read_text().splitlines())
     b = list((mid / "metrics.csv").read_text().splitlines())
     cut = lambda row: row.split(",")[:5]  # noqa: E731  epoch..train_top1_err
     assert [cut(x) for x in a] == [cut(x) for x in b]
+    assert _step_records(mid) == _step_records(full)
+
+    # Ctrl-C in the middle of epoch 2 (a real SIGINT as step 9 begins): the
+    # step finishes, its exact position is checkpointed, and the hint names
+    # the real folder
+    intr = tmp_path / "interrupted run"
+    _interrupt_at(monkeypatch, 9)
+    capsys.readouterr()
+    args = ["--data", str(digits), "--out", str(intr), *SMALL, "--epochs", "2"]
+    assert train.cli([*args, "--log-every", "2"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    name = "ckpt-epoch001-step00000009.npz"
+    assert err[-1] == (
+        f"train.py: interrupted at step 9; wrote {intr / name}; resume with "
+        f"--resume '{intr}'"
+    )
+    assert ckpt_mod.read_header(intr / name)["kind"] == "interrupted"
+    monkeypatch.undo()
+    r = train.main(["--resume", str(intr), "--log-every", "2", *QUIET])
+    assert r["step"] == 12
+    _assert_identical(
+        _params(full / "ckpt-epoch002.npz"), _params(intr / "ckpt-epoch002.npz")
+    )
+    assert _step_records(intr) == _step_records(full)
+
+    # a corrupt newest checkpoint (one flipped parameter byte: its CRC-32
+    # fails) is passed over, with a warning naming it; the older one is
+    # resumed and epoch 2 comes out the same again
+    want = _params(full / "ckpt-epoch002.npz")
+    newest = full / "ckpt-epoch002.npz"
+    raw = bytearray(newest.read_bytes())
+    w = ckpt_mod.load_checkpoint(newest).params["fc10.W"]
+    at = raw.find(w.tobytes()[:16])
+    raw[at] ^= 0xFF
+    newest.write_bytes(bytes(raw))
+    capsys.readouterr()
+    r = train.main(["--resume", str(full), *QUIET])
+    err = capsys.readouterr().err
+    assert f"skipping a corrupt checkpoint: {newest} is not a readable" in err
+    assert "Bad CRC-32" in err and "falling back to the next older one" in err
+    assert r["step"] == 12
+    _assert_identical(want, _params(newest))
 
 
 def test_dropout_state_is_checkpointed_and_resumed_exactly(tmp_path):
@@ -264,26 +367,160 @@ def test_dropout_state_is_checkpointed_and_resumed_exactly(tmp_path):
     )
 
 
-def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one(
-    digits, tmp_path, monkeypatch
+def _disk_full() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_writing_a_checkpoint_leaves_the_previous_one(
+    digits, tmp_path, monkeypatch, capsys
 ):
     out = tmp_path / "run"
     _run(digits, out, "--epochs", "1", "--no-plot")
     before = _params(out / "ckpt-epoch001.npz")
 
-    def half_then_crash(f, header, arrays):
+    def half_then_disk_full(f, header, arrays):
         f.write(b"PK\x03\x04 half a zip file")
-        raise OSError("simulated crash while writing")
+        raise _disk_full()
 
-    monkeypatch.setattr(ckpt_mod, "_write_npz", half_then_crash)
-    with pytest.raises(OSError, match="simulated crash"):
-        train.main(["--resume", str(out), "--epochs", "2", *QUIET])
+    monkeypatch.setattr(ckpt_mod, "_write_npz", half_then_disk_full)
+    capsys.readouterr()
+    assert train.cli(["--resume", str(out), "--epochs", "2", *QUIET]) == 2
+    # one line, no traceback (after the warning that --epochs 2 extends the run)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line == (
+        f"train.py: error: cannot write checkpoint {out / 'ckpt-epoch002.npz'}: "
+        "[Errno 28] No space left on device; the previous checkpoint "
+        f"{out / 'ckpt-epoch001.npz'} is intact; free space and resume with "
+        f"--resume {out}"
+    )
     assert sorted(p.name for p in out.iterdir() if p.suffix == ".npz") == [
         "ckpt-epoch001.npz"
     ]
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
     assert ckpt_mod.find_latest(out).name == "ckpt-epoch001.npz"
     _assert_identical(before, _params(out / "ckpt-epoch001.npz"))
+
+
+def test_a_second_run_into_the_same_out_is_refused_or_moves_the_first_aside(
+    digits, tmp_path
+):
+    out = tmp_path / "run"
+    first = _run(digits, out, "--epochs", "1")
+    files = _tree_files(out)
+    assert sorted(files) == [
+        "ckpt-epoch001.npz", "curves.png", "metrics.csv", "metrics.jsonl"
+    ]  # fmt: skip
+    # the same command again: nothing to do, nothing changed
+    again = _run(digits, out, "--epochs", "1")
+    assert again["step_losses"] == [] and again["checkpoint"] == first["checkpoint"]
+    assert _tree_files(out) == files
+    # another run (other settings): refused before anything is compiled or written
+    with pytest.raises(
+        run_folder.RunFolderError,
+        match=rf"--out {re.escape(str(out))} already holds a run "
+        r"\(ckpt-epoch001\.npz, metrics\.csv, metrics\.jsonl \.\.\.\); nothing was "
+        r"changed\. Give --resume .* to continue it, or another --out, or "
+        r"--overwrite to move it aside to .*run\.old-1 \(nothing is deleted\)",
+    ):
+        _run(digits, out, "--epochs", "1", "--seed", "1")
+    assert _tree_files(out) == files
+    # resuming from an earlier checkpoint into a folder that went further
+    _run(digits, tmp_path / "two", "--epochs", "2", "--keep-checkpoints", "0")
+    earlier = ["--resume", str(tmp_path / "two" / "ckpt-epoch001.npz"), *QUIET]
+    with pytest.raises(run_folder.RunFolderError, match="after the resumed one"):
+        train.main(earlier)
+    # ... --overwrite moves that folder aside; the new one starts with the
+    # moved run's log up to the resumed checkpoint
+    assert train.main([*earlier, "--overwrite", "--no-plot"])["step"] == 12
+    for name in ("two", "two.old-1"):
+        rows = (tmp_path / name / "metrics.csv").read_text().splitlines()
+        assert [r.split(",")[:2] for r in rows[1:]] == [["1", "6"], ["2", "12"]]
+    assert sorted(p.name for p in (tmp_path / "two").glob("*.npz")) == [
+        "ckpt-epoch002.npz"
+    ]
+    # --overwrite: the first run is moved aside whole; nothing is mixed
+    second = _run(digits, out, "--epochs", "1", "--seed", "1", "--overwrite")
+    assert _tree_files(tmp_path / "run.old-1") == files
+    assert sorted(_tree_files(out)) == sorted(files)
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 2  # the header and this run's one epoch
+    old = tmp_path / "run.old-1" / Path(first["checkpoint"]).name
+    ids = {ckpt_mod.read_header(p)["run_id"] for p in (old, second["checkpoint"])}
+    assert len(ids) == 2
+
+
+def test_prune_never_deletes_the_checkpoint_just_written(tmp_path):
+    w = {"a.W": np.zeros(2, np.float32)}
+    for step in (10, 20, 30):
+        ckpt_mod.save_checkpoint(tmp_path / f"ckpt-{step}.npz", {"step": step}, w, w)
+    (tmp_path / "ckpt-99.npz").write_bytes(b"unreadable")
+    fresh = ckpt_mod.save_checkpoint(tmp_path / "ckpt-5.npz", {"step": 5}, w, w)
+    removed = ckpt_mod.prune(tmp_path, 1, current=fresh)
+    assert sorted(p.name for p in removed) == ["ckpt-10.npz", "ckpt-20.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-30.npz", "ckpt-5.npz", "ckpt-99.npz"
+    ]  # fmt: skip
+
+
+def test_logs_are_written_whole_on_a_full_disk_and_a_torn_line_is_dropped(
+    digits, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "run"
+    _run(digits, out, "--epochs", "1", "--no-plot", "--log-every", "2")
+    jsonl = out / "metrics.jsonl"
+    assert len(jsonl.read_text().splitlines()) == 4  # 3 step records, 1 epoch
+    calls = []
+
+    def half_then_disk_full(fd, data):
+        calls.append(len(data))
+        if len(calls) < 2:
+            return os.write(fd, data)
+        os.write(fd, data[: len(data) // 2])
+        raise _disk_full()
+
+    monkeypatch.setattr(run_folder, "_write", half_then_disk_full)
+    resume = ["--resume", str(out), "--epochs", "2", "--log-every", "2", *QUIET]
+    capsys.readouterr()
+    assert train.cli(resume) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line == (
+        f"train.py: error: cannot write {jsonl}: [Errno 28] No space left on device"
+    )
+    text = jsonl.read_text()
+    assert text.endswith("\n") and len(text.splitlines()) == 5  # + step 8's
+    assert [json.loads(x)["step"] for x in text.splitlines()] == [2, 4, 6, 6, 8]
+    monkeypatch.undo()
+    # a torn last line (a killed writer) is dropped with a warning on --resume
+    with jsonl.open("a") as f:
+        f.write('{"kind": "step", "epoch": 1, "st')
+    r = train.main(resume)
+    assert r["step"] == 12
+    err = capsys.readouterr().err
+    assert f"{jsonl} line 6 (a torn last line) is not a whole record" in err
+    steps = [json.loads(x)["step"] for x in jsonl.read_text().splitlines()]
+    assert steps == [2, 4, 6, 6, 8, 10, 12, 12]
+
+
+def test_resume_dir_passes_over_a_torn_newest_checkpoint_with_a_warning(tmp_path):
+    w = {"a.W": np.arange(3, dtype=np.float32)}
+    ckpt_mod.save_checkpoint(tmp_path / "ckpt-a.npz", {"step": 1}, w, w)
+    torn = ckpt_mod.save_checkpoint(tmp_path / "ckpt-b.npz", {"step": 2}, w, w)
+    torn.write_bytes(torn.read_bytes()[:300])
+    seen: list[str] = []
+    assert ckpt_mod.load_checkpoint(tmp_path, seen.append).path.name == "ckpt-a.npz"
+    (msg,) = seen
+    assert msg.startswith(
+        f"skipping an unreadable checkpoint: {torn} is not a readable checkpoint"
+    )
+    with pytest.warns(UserWarning, match="ckpt-b.npz is not a readable"):
+        ckpt_mod.load_checkpoint(tmp_path)
+    # an explicit file is not replaced by another one
+    with pytest.raises(ckpt_mod.CheckpointError, match="ckpt-b.npz is not a readable"):
+        ckpt_mod.load_checkpoint(torn)
 
 
 def test_sigkill_during_checkpoint_write_leaves_the_previous_one(tmp_path):
@@ -322,16 +559,79 @@ def test_sigkill_during_checkpoint_write_leaves_the_previous_one(tmp_path):
     assert ckpt_mod.find_latest(tmp_path).name == "ckpt-epoch002.npz"
 
 
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def _decompression_bomb_png() -> bytes:
+    """A valid 40000 x 40000 grey PNG header: Pillow refuses it on open."""
+    ihdr = struct.pack(">IIBBBBB", 40000, 40000, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 64)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", ihdr)
+        + _png_chunk(b"IDAT", idat)
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def test_image_modes_decode_to_8_bit_rgb(tmp_path):
+    from PIL import Image
+
+    grey = np.arange(24 * 40, dtype=np.uint32).reshape(24, 40) * 68 % 65536
+    Image.fromarray(grey.astype(np.uint16)).save(tmp_path / "g16.png")
+    with Image.open(tmp_path / "g16.png") as im:
+        assert im.mode in ("I;16", "I")  # Pillow's 16-bit grey
+    x = data.load_image(str(tmp_path / "g16.png"), 24)
+    assert x.shape == (24, 40, 3) and x.dtype == np.uint8
+    want = np.rint(grey / 257).astype(np.uint8)
+    np.testing.assert_array_equal(x[..., 0], want)  # not clipped to white
+    np.testing.assert_array_equal(x[..., 2], want)
+    # 8-bit grey, CMYK and palette JPEG/PNG files
+    g8 = (grey >> 8).astype(np.uint8)
+    Image.fromarray(g8).save(tmp_path / "g8.png")
+    np.testing.assert_array_equal(
+        data.load_image(str(tmp_path / "g8.png"), 24), np.stack([g8] * 3, -1)
+    )
+    Image.new("CMYK", (40, 24), (0, 255, 255, 0)).save(tmp_path / "c.jpg", quality=95)
+    red = data.load_image(str(tmp_path / "c.jpg"), 24)
+    assert red.shape == (24, 40, 3)
+    np.testing.assert_allclose(red.mean(axis=(0, 1)), [255, 0, 0], atol=3)
+    Image.fromarray(g8).convert("P").save(tmp_path / "p.png")
+    assert data.load_image(str(tmp_path / "p.png"), 24).shape == (24, 40, 3)
+    # empty, truncated and bomb files raise what decode_errors() lists
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "g8.png").read_bytes()[:60])
+    (tmp_path / "bomb.png").write_bytes(_decompression_bomb_png())
+    for name in ("empty.png", "cut.png", "bomb.png"):
+        with pytest.raises(data.decode_errors()):
+            data.load_image(str(tmp_path / name), 24)
+
+
 def test_unreadable_images_are_skipped_and_counted_or_stop_the_run(digits, tmp_path):
+    from PIL import Image
+
     bad = _copy_tree(digits, tmp_path / "bad")
     (bad / "train" / "1" / "broken.JPEG").write_bytes(b"not a jpeg at all")
+    (bad / "train" / "1" / "empty.JPEG").write_bytes(b"")
+    (bad / "train" / "0" / "bomb.png").write_bytes(_decompression_bomb_png())
     (bad / "val" / "2" / "truncated.JPEG").write_bytes(
         (digits / "val" / "2").iterdir().__next__().read_bytes()[:40]
     )
+    # readable, in other modes: 16-bit grey PNG, CMYK JPEG
+    Image.fromarray(np.full((36, 36), 30000, np.uint16)).save(bad / "train/2/g.png")
+    Image.new("CMYK", (36, 36), (0, 255, 255, 0)).save(bad / "train/2/c.JPEG")
     r = _run(bad, tmp_path / "skip", "--epochs", "1", "--no-plot")
-    assert r["skipped_images"] == 2 and r["epoch"] == 1
-    with pytest.raises(data.DatasetError, match=r"cannot read image .*broken\.JPEG"):
+    assert r["skipped_images"] == 4 and r["epoch"] == 1
+    # the first bad image in reading order stops the run
+    with pytest.raises(
+        data.DatasetError, match=r"cannot read image .*bomb\.png \(DecompressionBomb"
+    ):
         _run(bad, tmp_path / "error", "--epochs", "1", "--bad-images", "error")
+    (bad / "train" / "0" / "bomb.png").unlink()
+    with pytest.raises(data.DatasetError, match=r"cannot read image .*broken\.JPEG"):
+        _run(bad, tmp_path / "error2", "--epochs", "1", "--bad-images", "error")
 
 
 # ------------------------------------------------------------- clear errors
@@ -399,8 +699,16 @@ def test_a_checkpoint_from_another_network_is_refused(digits, tmp_path):
         train.main(["--resume", str(tmp_path), "--quiet"])
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"junk")
-    with pytest.raises(ckpt_mod.CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(ckpt_mod.CheckpointError, match="junk.npz is not a cc2ops"):
         train.main(["--resume", str(junk), "--quiet"])
+    readme = EXAMPLE / "README.md"
+    with pytest.raises(ckpt_mod.CheckpointError) as e:
+        train.main(["--resume", str(readme), "--quiet"])
+    assert str(e.value) == (
+        f"{readme} is not a cc2ops checkpoint (it is not an .npz (zip) file); give "
+        "--resume a ckpt-*.npz file written by train.py, or the folder holding them"
+    )
+    assert "pickle" not in str(e.value)
 
 
 def test_gpu_flags_fail_clearly_instead_of_running_on_the_cpu(
@@ -446,14 +754,65 @@ def test_data_parallel_on_virtual_devices_matches_one_device(digits, tmp_path):
 
 
 def test_cli_turns_user_errors_into_a_message_and_status_2(tmp_path, capsys):
-    assert train.cli(["--data", str(tmp_path / "missing"), "--quiet"]) == 2
+    out = ["--out", str(tmp_path / "out")]
+    assert train.cli(["--data", str(tmp_path / "missing"), *out, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: dataset folder") and "missing" in err
     script = EXAMPLE / "train.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--data", str(tmp_path / "missing")],
+        [sys.executable, str(script), "--data", str(tmp_path / "missing"), *out],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_help_gives_each_default_once(capsys):
+    parser = train.build_parser()
+    text = " ".join(parser.format_help().split())  # unwrapped
+    assert "(default: None)" not in text and "(default: False)" not in text
+    fmt = train.HelpFormatter("train.py")
+    for action in parser._actions:
+        shown = fmt._get_help_string(action) or ""
+        shown = shown.replace("%(default)s", str(action.default))
+        assert shown.count("default") <= 1, (action.dest, shown)
+    assert "(default: 2)" in text and "(default: 1280)" in text
+    with pytest.raises(SystemExit):
+        make_dataset.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: 32)" in text
+
+
+def test_flag_errors_come_before_pytensor_is_imported():
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(EXAMPLE)!r})
+        import train
+        try:
+            train.main(["--epochs", "0"])
+        except SystemExit as e:
+            heavy = [m for m in ("pytensor", "cc2ops", "PIL") if m in sys.modules]
+            print(e.code, heavy)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == "2 []", proc.stderr
+    assert "--epochs: must be >= 1, got 0" in proc.stderr
+
+
+def test_the_readme_documents_every_flag():
+    readme = (EXAMPLE / "README.md").read_text()
+    flags = [
+        opt
+        for action in train.build_parser()._actions
+        for opt in action.option_strings
+        if opt.startswith("--") and opt != "--help"
+    ]
+    assert len(flags) > 30
+    missing = [f for f in flags if not re.search(rf"`{re.escape(f)}[` ]", readme)]
+    assert not missing, f"examples/imagenet/README.md does not document {missing}"

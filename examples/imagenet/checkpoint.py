@@ -20,7 +20,15 @@ the same folder, so ``os.replace`` never crosses file systems), flushed and
 ``fsync``-ed, renamed over the final name, and the folder is ``fsync``-ed.
 A crash or ``SIGKILL`` at any point leaves either the old file or the new
 one, never a partial file under the final name; a leftover temporary file
-is ignored by :func:`find_latest` and removed by the next save.
+is ignored by :func:`find_latest` and removed by the next save. A failed
+write (a full disk) removes its temporary file and leaves the previous
+checkpoint as it was.
+
+Reading checks everything: the zip structure, the header, and the CRC-32 of
+every array (:func:`load_checkpoint` reads them all). Given a folder,
+:func:`load_checkpoint` takes the newest checkpoint that passes, and reports
+each newer one it had to pass over, by name and reason, through its ``warn``
+callback.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +49,8 @@ FORMAT = "cc2ops-imagenet-example-checkpoint"
 VERSION = 1
 SUFFIX = ".npz"
 _TMP_MARK = ".tmp-"
+#: The first bytes of every zip (and so ``.npz``) file.
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 class CheckpointError(ValueError):
@@ -161,6 +173,13 @@ def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _not_ours(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a cc2ops checkpoint ({why}); give --resume a "
+        f"ckpt-*{SUFFIX} file written by train.py, or the folder holding them"
+    )
+
+
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON header of a checkpoint file (reads nothing else).
 
@@ -174,11 +193,18 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
         what = "is a folder" if path.is_dir() else "does not exist"
         raise CheckpointError(f"checkpoint {path} {what}")
     try:
+        with open(path, "rb") as f:
+            magic = f.read(len(_ZIP_MAGIC))
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    if magic != _ZIP_MAGIC:
+        # np.load would try it as a pickle and suggest allow_pickle=True
+        what = "an empty file" if not magic else "not an .npz (zip) file"
+        raise _not_ours(path, f"it is {what}")
+    try:
         with np.load(path, allow_pickle=False) as z:
             if "header" not in z.files:
-                raise CheckpointError(
-                    f"{path} is not a checkpoint of this example (no header entry)"
-                )
+                raise _not_ours(path, "an .npz file without a header entry")
             header = json.loads(z["header"].tobytes().decode())
     except CheckpointError:
         raise
@@ -187,11 +213,8 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
             f"{path} is not a readable checkpoint ({type(e).__name__}: {e})"
         ) from e
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{path} is not a checkpoint of this example (format "
-            f"{header.get('format') if isinstance(header, dict) else None!r}, "
-            f"expected {FORMAT!r})"
-        )
+        got = header.get("format") if isinstance(header, dict) else None
+        raise _not_ours(path, f"format {got!r}, expected {FORMAT!r}")
     if header.get("version") != VERSION:
         raise CheckpointError(
             f"{path} has checkpoint version {header.get('version')}, this script "
@@ -200,20 +223,12 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
     return header
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Load a checkpoint file, or the latest checkpoint in a folder.
-
-    Raises
-    ------
-    CheckpointError
-        Nothing loadable at ``path`` (the message says why).
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = find_latest(path)
+def _load_file(path: Path) -> Checkpoint:
+    """Read one checkpoint file whole; every array's CRC-32 is checked."""
     header = read_header(path)
     try:
         with np.load(path, allow_pickle=False) as z:
+            # reading each member to its end makes zipfile check its CRC-32
             params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
             momenta = {k[4:]: z[k] for k in z.files if k.startswith("mom/")}
             states = {k[6:]: z[k] for k in z.files if k.startswith("state/")}
@@ -226,36 +241,93 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(path, header, params, momenta, states)
 
 
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def load_checkpoint(
+    path: str | os.PathLike, warn: Callable[[str], None] | None = None
+) -> Checkpoint:
+    """Load a checkpoint file, or the newest intact checkpoint in a folder.
+
+    Parameters
+    ----------
+    path : path
+        A checkpoint file, or a folder of them.
+    warn : callable, optional
+        ``warn(message)`` for each checkpoint of the folder that is passed
+        over because it cannot be read (torn file, failed CRC-32, another
+        format); default :func:`warnings.warn`.
+
+    Raises
+    ------
+    CheckpointError
+        Nothing loadable at ``path`` (the message says why).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return _load_file(path)
+    warn = warn or _warn
+    readable, broken = _scan(path)
+    for _, why in broken:
+        warn(f"skipping an unreadable checkpoint: {why}")
+    for i in range(len(readable) - 1, -1, -1):
+        try:
+            return _load_file(readable[i][1])
+        except CheckpointError as e:
+            then = "falling back to the next older one" if i else "none older is left"
+            warn(f"skipping a corrupt checkpoint: {e}; {then}")
+    raise CheckpointError(f"no readable checkpoint (*{SUFFIX}) in {path}")
+
+
+def _scan(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[Path, str]]]:
+    """``(step, path)`` of the checkpoints whose header reads, oldest first, and
+    ``(path, reason)`` of the other ``*.npz`` files (temporaries left out)."""
+    found, broken = [], []
+    for p in sorted(Path(folder).glob(f"*{SUFFIX}")):
+        if p.name.startswith(".") or _TMP_MARK in p.name:
+            continue
+        try:
+            header = read_header(p)
+        except CheckpointError as e:
+            broken.append((p, str(e)))
+            continue
+        found.append((int(header.get("step", 0)), p))
+    return sorted(found, key=lambda sp: (sp[0], sp[1].name)), broken
+
+
 def list_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
     """``(step, path)`` of every readable checkpoint in ``folder``, oldest first.
 
     Temporary files of interrupted writes and unreadable files are left out.
     """
-    found = []
-    for p in Path(folder).glob(f"*{SUFFIX}"):
-        if p.name.startswith(".") or _TMP_MARK in p.name:
-            continue
-        try:
-            header = read_header(p)
-        except CheckpointError:
-            continue
-        found.append((int(header.get("step", 0)), p))
-    return sorted(found, key=lambda sp: (sp[0], sp[1].name))
+    return _scan(Path(folder))[0]
 
 
 def find_latest(folder: str | os.PathLike) -> Path:
-    """The readable checkpoint with the most training steps in ``folder``."""
+    """The checkpoint with the most training steps in ``folder`` whose header reads."""
     found = list_checkpoints(folder)
     if not found:
         raise CheckpointError(f"no readable checkpoint (*{SUFFIX}) in {folder}")
     return found[-1][1]
 
 
-def prune(folder: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest checkpoints (``keep=0``: keep all)."""
+def prune(
+    folder: str | os.PathLike, keep: int, current: str | os.PathLike | None = None
+) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints (``keep=0``: keep all).
+
+    ``current`` (the checkpoint just written) is never deleted, whatever the
+    steps of the others; unreadable files are never deleted either.
+    """
     if keep <= 0:
         return []
-    old = [p for _, p in list_checkpoints(folder)[:-keep]]
+    current = Path(current).resolve() if current is not None else None
+    old = [
+        p
+        for _, p in list_checkpoints(folder)[:-keep]
+        if current is None or p.resolve() != current
+    ]
     for p in old:
         p.unlink(missing_ok=True)
     return old

@@ -176,23 +176,54 @@ def _pil():
     return Image
 
 
+#: Pillow modes of integer grey images wider than 8 bits (16-bit PNG, TIFF).
+_WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def decode_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file that is not a usable image.
+
+    ``OSError`` (``UnidentifiedImageError``, truncated data), ``ValueError``,
+    ``SyntaxError`` (some broken headers) and ``DecompressionBombError``
+    (more than twice ``PIL.Image.MAX_IMAGE_PIXELS`` pixels: a file built to
+    exhaust memory, which is not an ``OSError``).
+    """
+    return (OSError, ValueError, SyntaxError, _pil().DecompressionBombError)
+
+
+def to_rgb(im):
+    """A Pillow image of any mode as 8-bit RGB.
+
+    Grey, palette, CMYK, alpha and 1-bit modes go through Pillow's
+    ``convert``. Wider integer grey (16-bit PNG: mode ``I;16`` or ``I``) is
+    scaled to 0..255 first (``round(v / 257)``): Pillow's ``convert`` would
+    clip it at 255 and the image would come out nearly white.
+    """
+    if im.mode in _WIDE_GREY_MODES:
+        wide = np.asarray(im).astype(np.float64)
+        grey = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+        im = _pil().fromarray(grey)  # uint8 (H, W): mode L
+    return im.convert("RGB")
+
+
 def load_image(path: str, scale: int) -> np.ndarray:
     """Decode ``path`` to RGB uint8 (H, W, 3) with its shorter side ``scale``.
 
     JPEG files are decoded directly at a reduced size (Pillow's ``draft``,
     which only picks a size whose both sides are >= ``scale``), which makes
     full-size ImageNet photos several times cheaper to decode; the final
-    resize is bilinear.
+    resize is bilinear. Every mode becomes 8-bit RGB (:func:`to_rgb`).
 
     Raises
     ------
-    OSError, ValueError
-        The file is not a readable image (Pillow's errors, unchanged).
+    OSError, ValueError, SyntaxError, PIL.Image.DecompressionBombError
+        The file is not a usable image (Pillow's errors, unchanged; see
+        :func:`decode_errors`).
     """
     image_mod = _pil()
     with image_mod.open(path) as im:
         im.draft("RGB", (scale, scale))
-        im = im.convert("RGB")
+        im = to_rgb(im)
         w, h = im.size
         short = min(w, h)
         size = (
@@ -372,15 +403,14 @@ class FolderSource:
         x = np.empty((len(positions), 3, c, c), dtype=np.float32)
         y = np.empty(len(positions), dtype=np.int32)
         skipped: list[tuple[str, str]] = []
+        unreadable = decode_errors()
         n = 0
         for pos in positions:
             idx = int(plan.order[pos])
             path = self.split.paths[idx]
             try:
                 img = load_image(path, self.scale)
-            except (OSError, ValueError, SyntaxError) as e:
-                # PIL signals undecodable data with OSError (including
-                # UnidentifiedImageError), ValueError or SyntaxError
+            except unreadable as e:
                 reason = f"{type(e).__name__}: {e}"
                 if self.bad_images == "error":
                     raise DatasetError(

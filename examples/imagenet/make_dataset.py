@@ -14,6 +14,17 @@ split is fixed and stratified: per class, a permutation drawn from
 images to ``val/``. With the defaults that is 1 440 training and 357
 validation images.
 
+Running it again is safe. ``OUT/make_dataset.json`` records the settings and
+the image counts, and whether the dataset was finished:
+
+- the same settings over a finished dataset whose files are all there: nothing
+  to do (a message says so), so the Quickstart line can be run twice;
+- an unfinished dataset (an earlier run was killed): it is written again;
+- other settings: refused, unless ``--force`` (which replaces the ``train/``
+  and ``val/`` that this script wrote);
+- ``train/`` or ``val/`` without ``make_dataset.json`` (someone else's images):
+  always refused, ``--force`` or not; this script never deletes them.
+
 Usage::
 
     python examples/imagenet/make_dataset.py --out data/digits
@@ -22,12 +33,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+MANIFEST = "make_dataset.json"
+FORMAT = "cc2ops-digits-dataset"
 
 
 def load_digits_images() -> tuple[np.ndarray, np.ndarray]:
@@ -83,11 +99,90 @@ def write_split(
         class_dir = folder / str(c)
         class_dir.mkdir(parents=True, exist_ok=True)
         for i in idx:
-            im = Image.fromarray(images[i], mode="L")
+            im = Image.fromarray(images[i])  # uint8 (8, 8): mode L
             im = im.resize((size, size), Image.Resampling.BICUBIC).convert("RGB")
             im.save(class_dir / f"digit{c}_{i:04d}.JPEG", "JPEG", quality=quality)
             n += 1
     return n
+
+
+def _read_manifest(out: Path) -> dict | None:
+    """``OUT/make_dataset.json``, or None when there is none."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        # a torn manifest is this script's own, written when it was killed
+        return {"format": FORMAT, "complete": False}
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None
+    return manifest
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    tmp = out / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out / MANIFEST)
+
+
+def _count_images(folder: Path) -> int:
+    if not folder.is_dir():
+        return -1
+    return sum(1 for p in folder.glob("*/*.JPEG") if p.is_file())
+
+
+def _existing_dataset(out: Path, settings: dict, force: bool) -> dict | None:
+    """The counts of a finished dataset with ``settings`` at ``out``, or None
+    when the dataset is to be written (after removing an unfinished or, with
+    ``force``, another one that this script wrote).
+
+    Raises
+    ------
+    FileExistsError
+        ``out`` holds ``train/`` or ``val/`` that this script did not write,
+        a finished dataset with other settings (without ``force``), or one
+        whose files changed since.
+    """
+    splits = [out / s for s in ("train", "val") if (out / s).exists()]
+    manifest = _read_manifest(out)
+    if manifest is None:
+        if splits:
+            raise FileExistsError(
+                f"{splits[0]} already exists and was not written by make_dataset.py "
+                f"(no {MANIFEST} beside it); it is left alone, --force or not: "
+                "choose another --out"
+            )
+        return None
+    counts = manifest.get("counts", {})
+    if manifest.get("complete") and not force:
+        if manifest.get("settings") != settings:
+            differ = sorted(
+                k
+                for k in settings
+                if manifest.get("settings", {}).get(k) != settings[k]
+            )
+            shown = ", ".join(
+                f"{k} {manifest.get('settings', {}).get(k)} (asked: {settings[k]})"
+                for k in differ
+            )
+            raise FileExistsError(
+                f"{out} holds a digits dataset made with other settings: {shown}; "
+                "pass --force to replace it, or choose another --out"
+            )
+        found = {s: _count_images(out / s) for s in ("train", "val")}
+        if found != {s: counts.get(s) for s in ("train", "val")}:
+            raise FileExistsError(
+                f"{out} holds a digits dataset whose files changed since it was "
+                f"made ({found['train']} training and {found['val']} validation "
+                f"images, {counts.get('train')} and {counts.get('val')} written); "
+                "pass --force to write it again"
+            )
+        return dict(counts)
+    for folder in splits:  # this script's own: unfinished, or --force
+        shutil.rmtree(folder)
+    return None
 
 
 def make_digits_dataset(
@@ -105,7 +200,7 @@ def make_digits_dataset(
     Parameters
     ----------
     out : path
-        Dataset folder; it gets ``train/`` and ``val/``.
+        Dataset folder; it gets ``train/``, ``val/`` and ``make_dataset.json``.
     size : int
         Side of the square JPEG images (>= 8).
     val_fraction : float
@@ -119,12 +214,21 @@ def make_digits_dataset(
     quality : int
         JPEG quality (1..95).
     force : bool
-        Replace existing ``train/`` and ``val/`` folders in ``out``.
+        Replace a dataset that this script wrote with other settings.
 
     Returns
     -------
     dict
-        ``{"train": n_train, "val": n_val, "classes": classes}``.
+        ``{"train": n_train, "val": n_val, "classes": classes, "written":
+        bool}``; ``written`` is False when ``out`` already held this dataset.
+
+    Raises
+    ------
+    ValueError
+        A setting out of range.
+    FileExistsError
+        ``out`` holds images this script did not write, or (without
+        ``force``) a dataset with other settings.
     """
     out = Path(out)
     if size < 8:
@@ -135,41 +239,57 @@ def make_digits_dataset(
         raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     if not 1 <= quality <= 95:
         raise ValueError(f"--quality must be in 1..95, got {quality}")
-    existing = [out / s for s in ("train", "val") if (out / s).exists()]
-    if existing and not force:
-        raise FileExistsError(
-            f"{existing[0]} already exists; pass --force to replace train/ and val/"
-        )
-    for folder in existing:
-        shutil.rmtree(folder)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
+    settings = dict(
+        size=size, val_fraction=val_fraction, seed=seed, classes=classes,
+        per_class=per_class, quality=quality,
+    )  # fmt: skip
+    done = _existing_dataset(out, settings, force)
+    if done is not None:
+        return {**done, "written": False}
     images, labels = load_digits_images()
     train, val = split_indices(labels, val_fraction, seed, range(classes), per_class)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"format": FORMAT, "complete": False, "settings": settings}
+    _write_manifest(out, manifest)
     n_train = write_split(out / "train", images, train, size, quality)
     n_val = write_split(out / "val", images, val, size, quality)
-    return {"train": n_train, "val": n_val, "classes": classes}
+    counts = {"train": n_train, "val": n_val, "classes": classes}
+    _write_manifest(out, {**manifest, "complete": True, "counts": counts})
+    return {**counts, "written": True}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, int]:
     """Command line: ``make_dataset.py --out FOLDER [--size 32] ...``."""
     p = argparse.ArgumentParser(
         prog="make_dataset.py",
-        description="Write scikit-learn's digits as an ImageNet-layout JPEG folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Write scikit-learn's digits as an ImageNet-layout JPEG folder "
+        "(again: nothing to do when it is already there).",
     )
+    dflt = " (default: %(default)s)"
     p.add_argument("--out", required=True, help="dataset folder to create")
-    p.add_argument("--size", type=int, default=32, help="image side in pixels")
-    p.add_argument("--val-fraction", type=float, default=0.2)
-    p.add_argument("--seed", type=int, default=0, help="seed of the split")
-    p.add_argument("--classes", type=int, default=10, help="digits 0..N-1")
+    p.add_argument("--size", type=int, default=32, help="image side in pixels" + dflt)
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="share of each class in val/" + dflt,
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the split" + dflt)
+    p.add_argument("--classes", type=int, default=10, help="digits 0..N-1" + dflt)
     p.add_argument(
         "--per-class",
         type=int,
         default=None,
-        help="at most this many images per class (tiny datasets)",
+        help="at most this many images per class (tiny datasets; default: all)",
     )
-    p.add_argument("--quality", type=int, default=95, help="JPEG quality")
+    p.add_argument("--quality", type=int, default=95, help="JPEG quality" + dflt)
     p.add_argument(
-        "--force", action="store_true", help="replace existing train/ and val/ folders"
+        "--force",
+        action="store_true",
+        help="replace a dataset that this script wrote with other settings "
+        "(never images it did not write)",
     )
     args = p.parse_args(argv)
     try:
@@ -185,9 +305,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
         )
     except (ValueError, FileExistsError) as e:
         raise SystemExit(f"make_dataset.py: error: {e}") from e
+    what = "wrote" if counts["written"] else "nothing to do: already holds"
     print(
-        f"wrote {counts['train']} training and {counts['val']} validation images "
-        f"of {counts['classes']} classes to {args.out}"
+        f"{args.out}: {what} {counts['train']} training and {counts['val']} "
+        f"validation images of {counts['classes']} classes"
     )
     return counts
 

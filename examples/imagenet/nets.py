@@ -41,13 +41,15 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pytensor.tensor as pt
 
-import cc2ops
-from cc2ops import shapes
+if TYPE_CHECKING:
+    import pytensor.tensor as pt
+
+# PyTensor and cc2ops (seconds to import) are imported where a network is
+# built, so that train.py answers --help and flag errors at once
 
 INITS = ("he", "cc2")
 
@@ -253,6 +255,8 @@ class Network:
 
     @staticmethod
     def _layer_shape(layer: Layer, shape, params) -> tuple[int, ...]:
+        from cc2ops import shapes
+
         if isinstance(layer, Conv):
             c, h, w = shape
             if c % layer.groups:
@@ -383,6 +387,8 @@ class Network:
         one dropout per state). ``device``: the GPU label the states live on
         (``None``: the host).
         """
+        import cc2ops
+
         states: dict[str, Any] = {}
         for i, layer in enumerate(self.dropout_layers()):
             seq = np.random.SeedSequence([*seed, i])
@@ -419,6 +425,10 @@ class Network:
         logits : TensorVariable
             The dropout states advance through their default updates.
         """
+        import pytensor.tensor as pt
+
+        import cc2ops
+
         h = x
         for layer in self.layers:
             if isinstance(layer, Conv):

@@ -20,28 +20,31 @@ the tests drive it in-process; :func:`cli` is the command line.
 What a run writes to ``--out``: ``ckpt-epochNNN.npz`` checkpoints (atomic,
 see ``checkpoint.py``), ``metrics.csv`` (one row per epoch),
 ``metrics.jsonl`` (one record per ``--log-every`` steps and per epoch) and
-``curves.png`` (training curves, redrawn from the whole log at the end).
+``curves.png`` (training curves, redrawn from the whole log at the end). One
+folder holds one run: ``run_folder.py`` refuses an ``--out`` that holds
+another run (``--overwrite`` moves that run aside, never deletes it). Error
+rates are fractions in [0, 1] everywhere (progress bar, messages, logs, plot).
+
+The command line is parsed before PyTensor and cc2ops are imported (a few
+seconds), so a mistyped flag is reported at once; the heavy modules are
+imported where they are first needed.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import math
-import os
+import signal
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-import cc2ops
-from cc2ops.graph import multi_gpu
 
 # the sibling modules, also when this file is imported from elsewhere (the tests)
 _HERE = str(Path(__file__).resolve().parent)
@@ -53,6 +56,7 @@ import data  # noqa: E402
 import gpu_data  # noqa: E402
 import gpu_step  # noqa: E402
 import nets  # noqa: E402
+import run_folder  # noqa: E402
 
 SCHEDULES = ("step", "cosine", "constant")
 CSV_FIELDS = (
@@ -117,12 +121,34 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss became NaN)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run; ``checkpoint`` holds its exact position.
+
+    Attributes
+    ----------
+    out : str or None
+        The run's folder (None: interrupted before it was known).
+    checkpoint : str or None
+        The checkpoint written at the interruption, or None when none was
+        written (interrupted before the first step, or a second Ctrl-C).
+    step : int or None
+        Steps done in all at the interruption.
+    """
+
+    def __init__(
+        self, out: str | None, checkpoint: str | None = None, step: int | None = None
+    ) -> None:
+        super().__init__(out, checkpoint, step)
+        self.out, self.checkpoint, self.step = out, checkpoint, step
+
+
 USER_ERRORS = (
     data.DatasetError,
     ckpt_mod.CheckpointError,
     nets.NetworkError,
     DeviceError,
     TrainingError,
+    run_folder.RunFolderError,
 )
 
 
@@ -152,13 +178,27 @@ def _nonneg_float(text: str) -> float:
     return v
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` only where the help text does not give it.
+
+    A default of None (the value depends on the net, or comes from a
+    checkpoint: the help text says which) or of a flag's False is not shown.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser (``--help`` lists every flag)."""
     p = argparse.ArgumentParser(
         prog="train.py",
         description="Train cuda-convnet2's ImageNet net or its small CIFAR net "
         "with cc2ops ops, on an ImageNet-layout image folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -173,10 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--synthetic-images",
         type=_positive_int,
-        help="training images per epoch of --synthetic (default 1280)",
+        help="training images per epoch of --synthetic (default: 1280)",
     )
     g.add_argument(
-        "--classes", type=_positive_int, help="classes of --synthetic (default 10)"
+        "--classes", type=_positive_int, help="classes of --synthetic (default: 10)"
     )
     g.add_argument(
         "--scale",
@@ -191,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--stats-images",
         type=_positive_int,
-        help="training images sampled for the mean/std (default 5000)",
+        help="training images sampled for the mean/std (default: 5000)",
     )
     g.add_argument(
         "--bad-images",
@@ -230,16 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--net",
         choices=sorted(nets.NETS),
         help="imagenet: cuda-convnet2 layers-imagenet-1gpu (224 input); "
-        "small: the CIFAR-10 11pct net (32 input) (default small)",
+        "small: the CIFAR-10 11pct net (32 input) (default: small)",
     )
     g.add_argument(
-        "--width-mult", type=float, help="multiply every layer's width (default 1.0)"
+        "--width-mult", type=float, help="multiply every layer's width (default: 1.0)"
     )
     g.add_argument(
         "--init",
         choices=nets.INITS,
         help="he: He-normal weights, zero biases; cc2: the cfg files' "
-        "initW/initB (default he)",
+        "initW/initB (default: he)",
     )
 
     g = p.add_argument_group("training")
@@ -255,18 +295,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after this many training steps in all (checkpointed)",
     )
     g.add_argument(
-        "--batch-size", type=_positive_int, help="default: 128 imagenet, 64 small"
+        "--batch-size",
+        type=_positive_int,
+        help="images per training step, per device with --devices K "
+        "(default: 128 imagenet, 64 small)",
     )
     g.add_argument(
         "--eval-batch-size",
         type=_positive_int,
         default=None,
-        help="default: --batch-size",
+        help="images per evaluation batch (default: --batch-size)",
     )
     g.add_argument(
         "--lr",
         type=_nonneg_float,
-        help="base learning rate (default 0.01; x K with --devices K)",
+        help="base learning rate (default: 0.01; x K with --devices K)",
     )
     g.add_argument(
         "--lr-schedule",
@@ -284,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--lr-gamma",
         type=_nonneg_float,
-        help="factor of each step of the step schedule (default 0.1)",
+        help="factor of each step of the step schedule (default: 0.1)",
     )
     g.add_argument(
         "--warmup-epochs",
@@ -293,29 +336,36 @@ def build_parser() -> argparse.ArgumentParser:
         "epochs (fractions allowed) before the schedule (default: 0 "
         "imagenet, 0.5 small)",
     )
-    g.add_argument("--momentum", type=_nonneg_float, help="default 0.9")
+    g.add_argument("--momentum", type=_nonneg_float, help="SGD momentum (default: 0.9)")
     g.add_argument(
         "--weight-decay",
         type=_nonneg_float,
-        help="L2 decay of the weights, not the biases (default 5e-4)",
+        help="L2 decay of the weights, not the biases (default: 5e-4)",
     )
     g.add_argument(
         "--seed",
         type=_nonneg_int,
-        help="seeds init, data order, augmentation, dropout (default 0)",
+        help="seeds init, data order, augmentation, dropout (default: 0)",
     )
 
     g = p.add_argument_group("output")
     g.add_argument(
         "--out",
         default=None,
-        help="folder for checkpoints and logs (default runs/<net>; on "
+        help="folder for checkpoints and logs (default: runs/<net>; on "
         "--resume, the checkpoint's folder)",
     )
     g.add_argument(
         "--resume",
         default=None,
-        help="checkpoint file, or a folder (its latest checkpoint)",
+        help="checkpoint file, or a folder (its newest intact checkpoint)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="when --out holds another run, move that run aside to "
+        "<out>.old-N and start afresh (nothing is deleted); without it such "
+        "an --out is refused",
     )
     g.add_argument(
         "--keep-checkpoints",
@@ -330,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps between metrics.jsonl step records",
     )
     g.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    g.add_argument("--quiet", action="store_true", help="no messages")
+    g.add_argument("--quiet", action="store_true", help="no messages except warnings")
     g.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
 
     g = p.add_argument_group("device")
@@ -447,6 +497,9 @@ def select_backend(device: str, devices: int) -> Backend:
     K GPUs, no speed-up; it is how the data-parallel path is tested on a CPU.
     """
     import pytensor
+
+    import cc2ops
+    from cc2ops.graph import multi_gpu
 
     if device == "cpu":
         if devices == 1:
@@ -565,6 +618,8 @@ def compile_functions(
     import pytensor
     import pytensor.tensor as pt
 
+    import cc2ops
+
     f32 = np.float32
     gd = backend.graph_device
     with pytensor.config.change_flags(floatX="float32"):
@@ -610,6 +665,8 @@ def compile_evaluate(net: nets.Network, params: dict[str, Any], backend: Backend
     import pytensor
     import pytensor.tensor as pt
 
+    import cc2ops
+
     gd = backend.graph_device
     with pytensor.config.change_flags(floatX="float32"):
         if gd is None:
@@ -637,55 +694,6 @@ def compile_evaluate(net: nets.Network, params: dict[str, Any], backend: Backend
 # --------------------------------------------------------------------------
 
 
-class MetricsLog:
-    """``metrics.jsonl`` (step and epoch records) and ``metrics.csv`` (epochs)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.jsonl = folder / "metrics.jsonl"
-        self.csv = folder / "metrics.csv"
-
-    def record(self, rec: dict[str, Any]) -> None:
-        with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
-
-    def epoch(self, rec: dict[str, Any]) -> None:
-        self.record({"kind": "epoch", **rec})
-        new = not self.csv.exists()
-        with open(self.csv, "a", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(
-                f, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n"
-            )
-            if new:
-                w.writeheader()
-            w.writerow(rec)
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.jsonl.exists():
-            return []
-        with open(self.jsonl, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-
-    def truncate(self, step: int) -> None:
-        """Drop the records of steps after ``step`` (a resumed run redoes them)."""
-        if self.jsonl.exists():
-            keep = [r for r in self.read() if int(r.get("step", 0)) <= step]
-            _atomic_write(self.jsonl, "".join(json.dumps(r) + "\n" for r in keep))
-        if self.csv.exists():
-            with open(self.csv, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-            _atomic_write(self.csv, buf.getvalue())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _latest_per_step(records: list[dict], kind: str) -> list[dict]:
     # a resumed run re-logs the steps after its checkpoint; the last one wins
     by_step: dict[int, dict] = {}
@@ -696,7 +704,11 @@ def _latest_per_step(records: list[dict], kind: str) -> list[dict]:
 
 
 def plot_curves(records: list[dict], path: Path) -> Path:
-    """Draw training loss / error and validation errors to ``path`` (PNG)."""
+    """Draw training loss / error and validation errors to ``path`` (PNG).
+
+    Errors are fractions, as everywhere. The file is replaced whole (a
+    temporary file, fsync, rename), so a failure leaves the previous plot.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -710,7 +722,7 @@ def plot_curves(records: list[dict], path: Path) -> Path:
         ax_loss.plot(s, [r["loss"] for r in steps], lw=1, label="train (per log)")
         ax_err.plot(
             s,
-            [100 * r["top1_err"] for r in steps],
+            [r["top1_err"] for r in steps],
             lw=1,
             alpha=0.6,
             label="train top-1",
@@ -718,21 +730,21 @@ def plot_curves(records: list[dict], path: Path) -> Path:
     if epochs:
         s = [r["step"] for r in epochs]
         ax_loss.plot(s, [r["val_loss"] for r in epochs], "o-", label="val")
-        ax_err.plot(
-            s, [100 * r["val_top1_err"] for r in epochs], "o-", label="val top-1"
-        )
-        ax_err.plot(
-            s, [100 * r["val_top5_err"] for r in epochs], "s-", label="val top-5"
-        )
+        ax_err.plot(s, [r["val_top1_err"] for r in epochs], "o-", label="val top-1")
+        ax_err.plot(s, [r["val_top5_err"] for r in epochs], "s-", label="val top-5")
     ax_loss.set(xlabel="step", ylabel="cross-entropy", title="loss")
-    ax_err.set(xlabel="step", ylabel="error (%)", title="error")
+    ax_err.set(xlabel="step", ylabel="error (fraction)", title="error")
     for ax in (ax_loss, ax_err):
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        run_folder.atomic_replace(
+            path, lambda tmp: fig.savefig(tmp, dpi=100, format="png")
+        )
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -750,6 +762,67 @@ def _printer(quiet: bool) -> Callable[[str], None]:
         tqdm.write(msg, file=sys.stderr)
 
     return say
+
+
+class _InterruptGuard:
+    """Ctrl-C while training: finish the step, write a checkpoint, then stop.
+
+    While :attr:`armed` (the training loop), the first SIGINT only sets
+    :attr:`requested`; the loop looks at it after each step, where the
+    parameters, momenta, dropout states, data position and running sums
+    agree, writes the mid-epoch checkpoint there and raises
+    :class:`Interrupted`, so resuming it gives the uninterrupted run (during an
+    epoch's evaluation, the epoch's own checkpoint is that position). A
+    second Ctrl-C, or one outside the loop (loading, compiling, plotting),
+    raises :class:`Interrupted` at once. Signal handlers can only be set in
+    the main thread; elsewhere Ctrl-C stays Python's plain
+    ``KeyboardInterrupt``.
+    """
+
+    def __init__(self) -> None:
+        self.out: str | None = None
+        self.armed = False
+        self.requested = False
+        self._old: Any = None
+
+    def __enter__(self) -> _InterruptGuard:
+        # only the main thread may set handlers; an ignored SIGINT (nohup,
+        # a background job) stays ignored
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.armed and not self.requested:
+            self.requested = True
+            return
+        raise Interrupted(self.out)
+
+
+def _interrupt_message(e: KeyboardInterrupt) -> str:
+    """The one line :func:`cli` prints for Ctrl-C: what was kept, how to go on."""
+    import shlex
+
+    out = getattr(e, "out", None)
+    ckpt = getattr(e, "checkpoint", None)
+    if not out:  # before the run's folder was known: nothing was written
+        return "train.py: interrupted"
+    if ckpt:
+        return (
+            f"train.py: interrupted at step {e.step}; wrote {ckpt}; resume with "
+            f"--resume {shlex.quote(out)}"
+        )
+    if Path(out).is_dir() and ckpt_mod.list_checkpoints(out):
+        return (
+            f"train.py: interrupted; resume with --resume {shlex.quote(out)} (its "
+            "newest checkpoint; the steps after it are redone)"
+        )
+    return "train.py: interrupted before the first checkpoint; nothing to resume"
 
 
 def _evaluate(runner, source, batch_size: int, workers: int, depth: int):
@@ -890,12 +963,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         multi-GPU rewriter (never a silent CPU run).
     TrainingError
         The loss became NaN or infinite.
+    run_folder.RunFolderError
+        ``--out`` holds another run (without ``--overwrite``), or a
+        checkpoint or log cannot be written (a full disk); what was written
+        before stays intact.
+    Interrupted
+        Ctrl-C (a ``KeyboardInterrupt``); during training, after writing a
+        checkpoint of the exact position (its ``checkpoint`` attribute).
     SystemExit
         Bad command-line arguments (argparse). :func:`cli` turns the errors
-        above into a message and exit status 2.
+        above into a message and exit status 2 (130 for Ctrl-C).
     """
+    # parsed before PyTensor is imported (seconds): flag errors come at once
     args = build_parser().parse_args(argv)
-    return _run(args)
+    with _InterruptGuard() as guard:
+        return _run(args, guard)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
@@ -905,20 +987,31 @@ def cli(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("train.py: interrupted; resume with --resume OUT", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(_interrupt_message(e), file=sys.stderr)
         return 130
     return 0
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
     say = _printer(args.quiet)
+    warn = _printer(False)  # warnings are shown with --quiet too
+    # the checks that need no PyTensor come first: checkpoint, settings, --out
+    resume = ckpt_mod.load_checkpoint(args.resume, warn) if args.resume else None
+    header = resume.header if resume else None
+    cfg = resolve_config(args, header, warn)
+    if resume is None and not args.overwrite:
+        done = _finished(cfg, warn)
+        if done is not None:
+            return done
+    folder = run_folder.plan_run_folder(cfg.out, resume, args.overwrite)
+    guard.out = cfg.out
+    resumed_here = resume is not None and (
+        Path(resume.path).resolve().parent == Path(cfg.out).resolve()
+    )
+    run_id = (header or {}).get("run_id") or uuid.uuid4().hex[:16]
     # fail on an unusable device before any data is read: never a silent CPU run
     backend = select_backend(args.device, args.devices)
-
-    resume = ckpt_mod.load_checkpoint(args.resume) if args.resume else None
-    header = resume.header if resume else None
-    cfg = resolve_config(args, header, say)
     # data-parallel training over K GPUs: --batch-size images per GPU, so the
     # batch the rewriter splits is K times larger, and the learning rate is
     # scaled linearly with K (as cuda-convnet2's multi-GPU configurations do)
@@ -937,7 +1030,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
         saved_devices = int(header.get("devices", 1))
         if saved_devices != backend.n_devices:
-            say(
+            warn(
                 f"warning: the checkpoint was trained on {saved_devices} device(s), "
                 f"this run uses {backend.n_devices}; the batch and learning rate "
                 "change with it"
@@ -964,7 +1057,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     dropout_states = net.make_dropout_states(
         [cfg.seed, data.DROPOUT_STREAM], device=backend.dropout_device
     )
-    progress = {"seen": 0.0, "loss_sum": 0.0, "err_sum": 0.0, "wait": 0.0}
+    progress = _fresh_progress()
     if resume:
         values, moms = resume.params, resume.momenta
         epoch = int(header["epoch"])
@@ -972,7 +1065,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         step = int(header["step"])
         if step_in_epoch:
             progress.update(header.get("epoch_progress", {}))
-        _restore_dropout(dropout_states, header, resume.states, say)
+        _restore_dropout(dropout_states, header, resume.states, warn)
     else:
         values = net.init_params([cfg.seed, data.INIT_STREAM], cfg.init)
         moms = {k: np.zeros_like(v) for k, v in values.items()}
@@ -980,6 +1073,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     params = {k: backend.shared(values[k], k) for k in net.param_shapes}
     momenta = {k: backend.shared(moms[k], f"{k}.momentum") for k in net.param_shapes}
 
+    say(
+        f"compiling the training step and the evaluation ({backend.name}): "
+        "15-30 s on a CPU, seconds when PyTensor's cache already holds them..."
+    )
     t0 = time.perf_counter()
     train_fn, eval_fn = compile_functions(
         net, params, momenta, dropout_states, cfg, backend
@@ -999,9 +1096,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = MetricsLog(out)
-    if resume:
+    run_folder.apply_run_folder(folder, warn)
+    log = run_folder.MetricsLog(out, CSV_FIELDS, warn)
+    if resume and folder.action == "replace" and resumed_here:
+        # the old run's history up to the checkpoint is this run's too
+        run_folder.MetricsLog(folder.aside, CSV_FIELDS, warn).copy_until(step, log)
+    elif resume:
         # records of steps after the checkpoint belong to the interrupted run
         log.truncate(step)
 
@@ -1013,6 +1113,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
         drop_hdr, drop_arrays = _dropout_header(dropout_states)
         hdr = {
+            "run_id": run_id,
             "net": _net_header(net),
             "classes": list(classes),
             "epoch": epoch,
@@ -1044,14 +1145,17 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "config": {k: getattr(cfg, k) for k in RESUMED},
         }
-        path = ckpt_mod.save_checkpoint(
-            out / name,
-            hdr,
-            {k: _to_host(p.get_value(borrow=True)) for k, p in params.items()},
-            {k: _to_host(v.get_value(borrow=True)) for k, v in momenta.items()},
-            drop_arrays,
-        )
-        ckpt_mod.prune(out, args.keep_checkpoints)
+        try:
+            path = ckpt_mod.save_checkpoint(
+                out / name,
+                hdr,
+                {k: _to_host(p.get_value(borrow=True)) for k, p in params.items()},
+                {k: _to_host(v.get_value(borrow=True)) for k, v in momenta.items()},
+                drop_arrays,
+            )
+        except OSError as e:
+            raise run_folder.RunFolderError(_save_failed(out / name, e)) from e
+        ckpt_mod.prune(out, args.keep_checkpoints, current=path)
         return path
 
     from tqdm import tqdm
@@ -1065,6 +1169,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if epoch >= cfg.epochs:
         say(f"nothing to do: {epoch} of --epochs {cfg.epochs} are done")
     t_run = time.perf_counter()
+    guard.armed = True
 
     while epoch < cfg.epochs and not stopped:
         plan = data.epoch_plan(len(train_src), global_batch, cfg.seed, epoch)
@@ -1078,14 +1183,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             file=sys.stderr,
         )
         t_epoch = time.perf_counter()
-        win_loss = win_err = 0.0
-        win_n = 0
         epoch_skips: list[tuple[str, str]] = []
         queued, wait0 = 0, progress["wait"]
 
         def account(done: list[gpu_step.StepMetrics], progress=progress) -> None:
             # steps come back from the runner every --log-every steps on a GPU
-            nonlocal win_loss, win_err, win_n
             for m in done:
                 if not math.isfinite(m.loss):
                     raise TrainingError(
@@ -1095,7 +1197,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 progress["seen"] += m.n
                 progress["loss_sum"] += m.loss * m.n
                 progress["err_sum"] += m.err * m.n
-                win_loss, win_err, win_n = win_loss + m.loss, win_err + m.err, win_n + 1
+                progress["win_loss"] += m.loss
+                progress["win_err"] += m.err
+                progress["win_n"] += 1
                 step_losses.append((m.step, m.loss))
 
         with data.iterate(
@@ -1130,21 +1234,23 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                         **post,
                     }
                 bar.set_postfix(post, refresh=False)
-                if step % args.log_every == 0 and win_n:
+                if step % args.log_every == 0 and progress["win_n"]:
+                    win_n = progress["win_n"]
                     log.record(
                         {
                             "kind": "step",
                             "epoch": epoch,
                             "step": step,
                             "lr": lr,
-                            "loss": win_loss / win_n,
-                            "top1_err": win_err / win_n,
+                            "loss": progress["win_loss"] / win_n,
+                            "top1_err": progress["win_err"] / win_n,
                             "images_per_s": rate,
                             "time_s": time.perf_counter() - t_run,
                         }
                     )
-                    win_loss = win_err = 0.0
-                    win_n = 0
+                    progress.update(win_loss=0.0, win_err=0.0, win_n=0)
+                if guard.requested:
+                    break
                 if cfg.max_steps is not None and step >= cfg.max_steps:
                     stopped = True
                     break
@@ -1152,7 +1258,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         bar.close()
         skipped_paths.update(p for p, _ in epoch_skips)
         if epoch_skips:
-            say("warning: " + data.summarise_skipped(epoch_skips))
+            warn("warning: " + data.summarise_skipped(epoch_skips))
+        if guard.requested:
+            # Ctrl-C: the exact position, as --max-steps writes it
+            last_ckpt = save("interrupted")
+            raise Interrupted(str(out), str(last_ckpt), step)
         if step_in_epoch < steps_per_epoch:
             # stopped by --max-steps inside the epoch: checkpoint the position
             last_ckpt = save("max-steps")
@@ -1166,7 +1276,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
         skipped_paths.update(p for p, _ in val_skips)
         if val_skips:
-            say("warning: validation " + data.summarise_skipped(val_skips))
+            warn("warning: validation " + data.summarise_skipped(val_skips))
         epoch += 1
         step_in_epoch = 0
         seen = progress["seen"]
@@ -1184,22 +1294,28 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "epoch_s": epoch_s,
             "skipped_images": len(epoch_skips) + len(val_skips),
         }
-        progress = {"seen": 0.0, "loss_sum": 0.0, "err_sum": 0.0, "wait": 0.0}
+        progress = _fresh_progress()
         log.epoch(rec)
         history.append(rec)
         last_ckpt = save("epoch")
         say(
             f"epoch {epoch}/{cfg.epochs}: train loss {rec['train_loss']:.4f} "
-            f"top-1 err {100 * rec['train_top1_err']:.2f}% | val loss {val_loss:.4f} "
-            f"top-1 err {100 * val_top1:.2f}% top-5 err {100 * val_top5:.2f}% | "
+            f"top-1 err {rec['train_top1_err']:.4f} | val loss {val_loss:.4f} "
+            f"top-1 err {val_top1:.4f} top-5 err {val_top5:.4f} | "
             f"{rec['images_per_s']:.0f} img/s, {epoch_s:.1f} s "
             f"(waited {rec['data_wait_s']:.1f} s for data) | {last_ckpt.name}"
         )
+        if guard.requested:  # Ctrl-C during the evaluation
+            raise Interrupted(str(out), str(last_ckpt), step)
+    guard.armed = False
 
     runner.close()
     curves = None
     if not args.no_plot:
-        curves = plot_curves(log.read(), out / "curves.png")
+        try:
+            curves = plot_curves(log.read(), out / "curves.png")
+        except OSError as e:  # the checkpoints and logs are written
+            warn(f"warning: could not draw {out / 'curves.png'}: {e}")
     if skipped_paths:
         say(f"{len(skipped_paths)} distinct unreadable image(s) were skipped")
     return {
@@ -1213,6 +1329,58 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "curves": str(curves) if curves else None,
         "network": net.spec_hash(),
     }
+
+
+def _finished(cfg: argparse.Namespace, warn: Callable[[str], None]) -> dict | None:
+    """The summary of :func:`main` when ``--out`` already holds this very run,
+    finished (the same command run twice), else None."""
+    config = {k: getattr(cfg, k) for k in RESUMED}
+    last = run_folder.finished_run(cfg.out, config, cfg.epochs)
+    if last is None:
+        return None
+    header = ckpt_mod.read_header(last)
+    warn(
+        f"nothing to do: {cfg.out} already holds this run, finished ({last.name}); "
+        "to train it again, give another --out or --overwrite, to train longer "
+        f"--resume {cfg.out} --epochs N"
+    )
+    curves = Path(cfg.out) / "curves.png"
+    return {
+        "out": str(cfg.out),
+        "epoch": int(header["epoch"]),
+        "step": int(header["step"]),
+        "history": [],
+        "step_losses": [],
+        "skipped_images": 0,
+        "checkpoint": str(last),
+        "curves": str(curves) if curves.exists() else None,
+        "network": header.get("net", {}).get("spec_hash"),
+    }
+
+
+def _fresh_progress() -> dict[str, float]:
+    """Running sums of an epoch; a mid-epoch checkpoint stores them.
+
+    ``seen``, ``loss_sum``, ``err_sum``: the epoch's training mean so far;
+    ``wait``: seconds waited for data; ``win_*``: the window of the next
+    ``metrics.jsonl`` step record.
+    """
+    return dict(
+        seen=0.0, loss_sum=0.0, err_sum=0.0, wait=0.0, win_loss=0.0, win_err=0.0,
+        win_n=0,
+    )  # fmt: skip
+
+
+def _save_failed(path: Path, e: OSError) -> str:
+    """One line for a checkpoint that could not be written (a full disk)."""
+    kept = ckpt_mod.list_checkpoints(path.parent)
+    then = (
+        f"the previous checkpoint {kept[-1][1]} is intact; free space and resume "
+        f"with --resume {path.parent}"
+        if kept
+        else "no earlier checkpoint exists"
+    )
+    return f"cannot write checkpoint {path}: {e}; {then}"
 
 
 def _dropout_header(
