@@ -48,7 +48,7 @@ GRAD_TOL = {
 def needs_nvcc() -> str:
     """The nvcc the kernel templates compile with; skips the test without one
     (CI has nvcc: the CPU-side kernel checks run there)."""
-    from cc2ops.cuda.compile import find_nvcc
+    from cc2ops.cuda.runtime.compile import find_nvcc
 
     path = find_nvcc()
     if path is None:

@@ -28,7 +28,7 @@ Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
     right and only ever matches cc2ops transfer ops. Inside
     ``cc2ops_gpu_lift`` every cancelling rule but
     ``host_from_gpu(gpu_from_host(x)) -> x`` runs too (see
-    :mod:`cc2ops.graph.lift`): that one waits until lifting is done, since an
+    :mod:`cc2ops.cuda.rewriting.lift`): that one waits until lifting is done, since an
     explicit upload is what tells the lifting which data is on the GPU.
 """
 

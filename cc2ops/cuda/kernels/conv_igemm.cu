@@ -4,7 +4,7 @@ fp32 accumulation, cp.async global->shared copies in a STAGES-deep ring, the
 im2col addresses computed on the fly (no column buffer).
 
 The index maps are specified, and emulated in numpy, by
-cc2ops/cuda/conv_igemm.py (a_offset, b_offset, c_offset, load maps): every
+cc2ops/cuda/ops/conv/igemm.py (a_offset, b_offset, c_offset, load maps): every
 formula below has its twin there, under the same names.
 
 Constants

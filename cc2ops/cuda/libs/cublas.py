@@ -48,9 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.array import ascontiguous, device_of, empty, is_gpuarray, ptr
-from cc2ops.cuda.device import get_device, physical_index, register_shutdown_hook
-from cc2ops.cuda.precision import get_allow_tf32
+from cc2ops.cuda.runtime.array import ascontiguous, device_of, empty, is_gpuarray, ptr
+from cc2ops.cuda.runtime.device import (
+    get_device,
+    physical_index,
+    register_shutdown_hook,
+)
+from cc2ops.cuda.runtime.precision import get_allow_tf32
 
 __all__ = [
     "CublasError",
@@ -196,7 +200,7 @@ def _load() -> ctypes.CDLL:
             _lib, _lib_path = lib, path
             return lib
         raise CublasError(
-            "cc2ops.cuda.blas: libcublas could not be loaded (tried "
+            "cc2ops.cuda.libs.cublas: libcublas could not be loaded (tried "
             f"{', '.join(_LIB_NAMES)} in ${LIB_ENV}, the nvidia-cublas wheel, "
             "$CUDA_HOME/lib64 and the loader path); install the CUDA toolkit or "
             "`pip install nvidia-cublas`. Errors: " + "; ".join(errors[-3:])
@@ -214,7 +218,7 @@ def _call(fname: str, *args: Any) -> None:
     status = getattr(_load(), fname)(*args)
     if status != 0:
         raise CublasError(
-            f"cc2ops.cuda.blas: {fname} failed: {status_name(status)}", status
+            f"cc2ops.cuda.libs.cublas: {fname} failed: {status_name(status)}", status
         )
 
 
@@ -230,7 +234,7 @@ def _destroy_handles() -> None:
 
 
 def _label_of_physical(index: int) -> int:
-    from cc2ops.cuda.device import initialized_devices
+    from cc2ops.cuda.runtime.device import initialized_devices
 
     for dev in initialized_devices():
         if dev.index == index:

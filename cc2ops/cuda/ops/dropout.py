@@ -35,12 +35,15 @@ import pytensor.tensor as pt
 from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_variants
-from cc2ops.cuda.device import get_device
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable
-from cc2ops.cuda.transfer import HostFromGpu
-from cc2ops.cuda.type import CudaArrayType
+from cc2ops import seam
+from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import get_kernel, launch, register_variants
+from cc2ops.cuda.runtime.device import get_device
+from cc2ops.cuda.transfer import HostFromGpu, as_gpu, as_gpu_cotangent, host_from_gpu
+from cc2ops.cuda.type import CudaArrayType, is_gpu_variable
+from cc2ops.cuda.type import shared as gpu_shared
 from cc2ops.dropout import (
     Dropout,
     _check_p,
@@ -50,7 +53,6 @@ from cc2ops.dropout import (
     dropout_scale,
     keep_threshold,
 )
-from cc2ops.graph.lift import register_lift, to_gpu
 
 __all__ = [
     "GpuDropout",
@@ -277,3 +279,24 @@ def lift_dropout(fgraph: Any, node: Apply, device: int) -> list[Variable] | None
     else:
         state = pt.as_tensor_variable(state)
     return [GpuDropout(node.op.p)(to_gpu(x, device), state)]
+
+
+def _dropout_on_gpu_state(x: Any, p: float, state: Variable) -> tuple[Any, Any]:
+    """``dropout(x, p, state)`` for a GPU ``state`` on device ``d``.
+
+    ``(host_from_gpu(GpuDropout(p)(x on d, state)), GpuDropoutAdvance()(state,
+    x on d))``: the frontend's :func:`cc2ops.dropout.dropout` asks for this
+    through :mod:`cc2ops.seam`.
+    """
+    gx = as_gpu(x, state.type.device)
+    return host_from_gpu(GpuDropout(p)(gx, state)), GpuDropoutAdvance()(state, gx)
+
+
+seam.register(
+    seam.GpuBackend(
+        name="cc2ops.cuda",
+        shared=gpu_shared,
+        is_gpu_variable=is_gpu_variable,
+        dropout=_dropout_on_gpu_state,
+    )
+)

@@ -41,11 +41,17 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.shape import Shape_i
 
 from cc2ops._op import FLOAT_DTYPES, int_tensor, is_disconnected
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
 from cc2ops.pool import (
     AvgPool,
     AvgPoolGrad,
@@ -205,7 +211,7 @@ def _launch(
     """Launch ``kind`` over ``n`` elements (one thread each, grid-stride)."""
     if n == 0:
         return
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(device)
     consts = _consts(kind, size, stride, start, dtype, wide)
@@ -269,7 +275,7 @@ def _launch_plane(
     groups = -(-planes // ppb)
     plane_kind = _PLANE_KINDS[kind]
     if plane_kind in _FWD_PLANE_KINDS:
-        from cc2ops.cuda.device import get_device
+        from cc2ops.cuda.runtime.device import get_device
 
         itemsize = np.dtype(dtype).itemsize
         chunk_bytes = ppb * image[2] * image[3] * itemsize

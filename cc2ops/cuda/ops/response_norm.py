@@ -32,11 +32,17 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 
 from cc2ops._op import FLOAT_DTYPES
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
 from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad, _check_params
 
 __all__ = [
@@ -158,7 +164,7 @@ def _launch(
     columns = b * h * w
     if columns == 0 or c == 0:
         return
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     # 64-bit indices when an element index or the thread count needs them
     wide = max(b * c * h * w, columns * -(-c // channel_chunk(c, blocked))) >= 2**31

@@ -53,13 +53,19 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.special import log_softmax
 
 from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, is_disconnected
-from cc2ops.cuda import array
-from cc2ops.cuda.availability import driver
-from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
-from cc2ops.cuda.device import get_device, register_shutdown_hook
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.availability import driver
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
+from cc2ops.cuda.runtime.device import get_device, register_shutdown_hook
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
 from cc2ops.softmax_loss import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
@@ -293,7 +299,7 @@ def forward_workspace(device: int, rows: int, partial_bytes: int) -> tuple[int, 
     unzeroed and the next eager call zeroes it again.
     """
     global _workspace_hook
-    from cc2ops.cuda.graphs import capturing
+    from cc2ops.cuda.runtime.cudagraph import capturing
 
     dev = get_device(device)
     with _workspace_lock:
@@ -375,9 +381,9 @@ def check_label_flag(flag: Any, labels: Any, op: str, k: int, device: int) -> No
     Reads the 4-byte flag back (synchronises ``device``'s stream); on an
     error also reads the offending label. While ``device`` is captured into a
     CUDA graph the check is deferred to after each replay
-    (:func:`cc2ops.cuda.graphs.defer_check`).
+    (:func:`cc2ops.cuda.runtime.cudagraph.defer_check`).
     """
-    from cc2ops.cuda.graphs import defer_check
+    from cc2ops.cuda.runtime.cudagraph import defer_check
 
     if defer_check(device, lambda: check_label_flag(flag, labels, op, k, device)):
         return

@@ -5,7 +5,7 @@ Lifting
 GPU op authors register a rule per host op class in their
 ``cc2ops/cuda/<family>.py`` module::
 
-    from cc2ops.graph.lift import register_lift, to_gpu
+    from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 
     @register_lift(FilterActs)
     def lift_filter_acts(fgraph, node, device):

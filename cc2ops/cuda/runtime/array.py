@@ -29,16 +29,21 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import (
+from cc2ops.cuda.runtime.compile import (
     debug_enabled,
     get_kernel,
     launch,
     register_namer,
     register_variants,
 )
-from cc2ops.cuda.device import PoolAllocator, get_device
+
+# is_gpuarray, device_of and ptr live in device.py (compile needs them to pack
+# kernel arguments, and this module launches kernels); re-exported here
+from cc2ops.cuda.runtime.device import device_of, get_device, is_gpuarray, ptr
 
 __all__ = [
+    "view",
+    "flat_view",
     "SUPPORTED_KINDS",
     "COPY_MAX_DIMS",
     "is_gpuarray",
@@ -84,30 +89,6 @@ def _copy_variants() -> list[dict[str, Any]]:
 @register_variants("fill")
 def _fill_variants() -> list[dict[str, Any]]:
     return [{"name": _fill_name(u), "unit": u} for u in _UNITS]
-
-
-def is_gpuarray(x: Any) -> bool:
-    """Whether ``x`` looks like a pycuda GPUArray (gpudata, shape, dtype, strides)."""
-    return (
-        hasattr(x, "gpudata")
-        and hasattr(x, "shape")
-        and hasattr(x, "dtype")
-        and hasattr(x, "strides")
-    )
-
-
-def device_of(garray: Any) -> int | None:
-    """The physical device index of ``garray``, or ``None`` when unknown."""
-    alloc = getattr(garray, "allocator", None)
-    if isinstance(alloc, PoolAllocator):
-        return alloc.physical_index
-    return None
-
-
-def ptr(garray: Any) -> int:
-    """The device address of ``garray``'s first element (0 for an empty array)."""
-    data = garray.gpudata
-    return 0 if data is None else int(data)
 
 
 def _check_dtype(where: str, dtype: Any) -> np.dtype:
@@ -168,7 +149,7 @@ def zeros(shape: Sequence[int] | int, dtype: Any, device: int) -> Any:
     out = empty(shape, dtype, device)
     if out.nbytes:
         dev = get_device(device)
-        from cc2ops.cuda.availability import driver
+        from cc2ops.cuda.runtime.availability import driver
 
         driver().memset_d8_async(ptr(out), 0, out.nbytes, dev.stream)
     return out
@@ -192,7 +173,7 @@ def to_gpu(array: Any, device: int) -> Any:
     out = empty(host.shape, host.dtype, device)
     if host.nbytes:
         dev = get_device(device)
-        from cc2ops.cuda.availability import driver
+        from cc2ops.cuda.runtime.availability import driver
 
         driver().memcpy_htod_async(ptr(out), host, dev.stream)
     return out
@@ -205,7 +186,7 @@ def _device_label_for(garray: Any, device: int | None) -> int:
     if where is not None:
         return where_label(where)
     # an array from another allocator: assume the device cc2ops made current
-    from cc2ops.cuda.device import current_physical
+    from cc2ops.cuda.runtime.device import current_physical
 
     current = current_physical()
     return 0 if current is None else where_label(current)
@@ -213,7 +194,7 @@ def _device_label_for(garray: Any, device: int | None) -> int:
 
 def where_label(physical: int) -> int:
     """A device label that maps to ``physical`` (an initialised one if possible)."""
-    from cc2ops.cuda.device import initialized_devices, physical_index
+    from cc2ops.cuda.runtime.device import initialized_devices, physical_index
 
     for dev in initialized_devices():
         if dev.index == physical:
@@ -239,7 +220,7 @@ def to_host(garray: Any, device: int | None = None) -> np.ndarray:
     dev = get_device(label)
     dev.activate()
     if host.nbytes:
-        from cc2ops.cuda.availability import driver
+        from cc2ops.cuda.runtime.availability import driver
 
         driver().memcpy_dtoh_async(host, ptr(src), dev.stream)
     dev.stream.synchronize()
@@ -298,7 +279,7 @@ def _copy_into_contiguous(src: Any, dst: Any, device: int) -> None:
         return
     dev = get_device(device)
     if is_c_contiguous(src):
-        from cc2ops.cuda.availability import driver
+        from cc2ops.cuda.runtime.availability import driver
 
         dev.activate()
         driver().memcpy_dtod_async(ptr(dst), ptr(src), src.nbytes, dev.stream)
@@ -382,3 +363,33 @@ def fill(garray: Any, value: Any, device: int | None = None) -> Any:
         label,
     )  # fmt: skip
     return garray
+
+
+def view(base: Any, offset: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
+    """A GPUArray view of ``base``'s buffer: element offset, shape, element strides.
+
+    The view keeps ``base`` alive; nothing is checked against ``base``'s size
+    (workspace carving: the caller planned the layout).
+    """
+    from pycuda.gpuarray import GPUArray  # pycuda is optional: imported on use
+
+    item = np.dtype(base.dtype).itemsize
+    return GPUArray(
+        tuple(int(s) for s in shape),
+        base.dtype,
+        allocator=base.allocator,
+        base=base,
+        gpudata=ptr(base) + int(offset) * item,
+        strides=tuple(int(s) * item for s in strides),
+    )
+
+
+def flat_view(base: Any, offset: int, shape: Sequence[int]) -> Any:
+    """A C-contiguous :func:`view` of ``prod(shape)`` elements of ``base`` from
+    element ``offset``."""
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= int(s)
+    return view(base, offset, shape, tuple(reversed(strides)))

@@ -82,7 +82,7 @@ def _slug(name: str) -> str:
 def cache_path(device_name: str, directory: Path | None = None) -> Path:
     """``<directory or the cubin cache dir>/autotune-<device slug>.json``."""
     if directory is None:
-        from cc2ops.cuda.compile import cache_dir
+        from cc2ops.cuda.runtime.compile import cache_dir
 
         directory = cache_dir()
     return Path(directory) / f"autotune-{_slug(device_name)}.json"
@@ -106,12 +106,12 @@ def event_timer(
 ) -> float:
     """Median device milliseconds of ``fn()`` on ``device``'s stream.
 
-    :func:`cc2ops.cuda.profile.split_time`: the stream is held busy while the
+    :func:`cc2ops.cuda.runtime.profile.split_time`: the stream is held busy while the
     candidate queues its work, so events measure its kernels back to back,
     not the Python that launches them; candidates are ranked by what an
     asynchronous step or a CUDA graph will see.
     """
-    from cc2ops.cuda.profile import split_time
+    from cc2ops.cuda.runtime.profile import split_time
 
     return split_time(fn, device, reps=reps, warmup=warmup).device_ms
 
@@ -119,7 +119,7 @@ def event_timer(
 def _read_back(out: Any) -> np.ndarray:
     if isinstance(out, np.ndarray):
         return out
-    from cc2ops.cuda.array import to_host
+    from cc2ops.cuda.runtime.array import to_host
 
     return to_host(out)
 
@@ -139,7 +139,7 @@ class Autotuner:
         when a file is first needed, so ``CC2OPS_CACHE_DIR`` may change
         between tuners).
     read_back : callable, optional
-        ``read_back(out) -> ndarray``; default ``cc2ops.cuda.array.to_host``
+        ``read_back(out) -> ndarray``; default ``cc2ops.cuda.runtime.array.to_host``
         (numpy outputs pass as they are).
     """
 

@@ -73,7 +73,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cc2ops.cuda.availability import driver
+from cc2ops.cuda.runtime.availability import driver
+from cc2ops.cuda.runtime.device import (
+    device_of,
+    get_device,
+    is_gpuarray,
+    ptr,
+    register_shutdown_hook,
+)
 
 __all__ = [
     "KERNEL_DIR",
@@ -105,7 +112,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 #: Where the ``<family>.cu`` templates and shared ``.cuh`` headers live.
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 CACHE_ENV = "CC2OPS_CACHE_DIR"
 DEBUG_ENV = "CC2OPS_DEBUG"
@@ -157,7 +164,8 @@ def _template_lookup() -> Any:
                     from mako.lookup import TemplateLookup
                 except ImportError as e:
                     raise ImportError(
-                        "cc2ops.cuda.compile needs Mako to render kernel templates "
+                        "cc2ops.cuda.runtime.compile needs Mako to render kernel "
+                        "templates "
                         '(pip install mako, or pip install -e ".[cuda]")'
                     ) from e
                 _lookup = TemplateLookup(
@@ -520,8 +528,6 @@ def precompile(
     fill a cache for another with ``arch="sm_90"``.
     """
     if arch is None:
-        from cc2ops.cuda.device import get_device
-
         arch = get_device(0 if device is None else device).arch
     unique: dict[tuple, KernelSpec] = {}
     for spec in specs:
@@ -595,7 +601,6 @@ def get_module(
     template constant).
     """
     global _hook_registered
-    from cc2ops.cuda.device import get_device, register_shutdown_hook
 
     family = _check_family(family)
     consts = _check_consts(f"get_module({family})", consts)
@@ -644,7 +649,6 @@ def get_kernel(
                 f"get_kernel({family}): give name= or a 'name' constant (the kernel "
                 "templates name their __global__ functions from it)"
             )
-    from cc2ops.cuda.device import get_device
 
     dev = get_device(device)
     # callers build their constants the same way every time: the constants in
@@ -714,8 +718,6 @@ def _dims(what: str, value: Any) -> tuple[int, int, int]:
 
 
 def _pack(args: Sequence[Any], physical: int) -> tuple[list[Any], list[type], str]:
-    from cc2ops.cuda.array import device_of, is_gpuarray, ptr
-
     values: list[Any] = []
     types: list[type] = []
     for i, a in enumerate(args):
@@ -773,7 +775,6 @@ def launch(
         Dynamic shared memory in bytes; above 48 KiB the kernel's opt-in limit
         is raised to it.
     """
-    from cc2ops.cuda.device import get_device
 
     dev = get_device(device)
     grid3 = _dims("grid", grid)

@@ -55,9 +55,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from cc2ops.cuda.availability import driver
+from cc2ops.cuda.runtime.availability import driver
 
 __all__ = [
+    "is_gpuarray",
+    "device_of",
+    "ptr",
     "Device",
     "PoolAllocator",
     "get_device",
@@ -84,7 +87,7 @@ _shutdown_hooks: list[Callable[[], None]] = []
 _atexit_registered = False
 _shut_down = False
 #: physical index -> the allocation list of a CUDA-graph capture in progress
-#: (cc2ops.cuda.graphs): allocations made meanwhile are kept for the graph
+#: (cc2ops.cuda.runtime.cudagraph): allocations made meanwhile are kept for the graph
 _capture_holds: dict[int, list[Any]] = {}
 
 
@@ -428,6 +431,30 @@ class Device:
             f"Device(label={self.label}, index={self.index}, name={self.name!r}, "
             f"arch={self.arch!r})"
         )
+
+
+def is_gpuarray(x: Any) -> bool:
+    """Whether ``x`` looks like a pycuda GPUArray (gpudata, shape, dtype, strides)."""
+    return (
+        hasattr(x, "gpudata")
+        and hasattr(x, "shape")
+        and hasattr(x, "dtype")
+        and hasattr(x, "strides")
+    )
+
+
+def device_of(garray: Any) -> int | None:
+    """The physical device index of ``garray``, or ``None`` when unknown."""
+    alloc = getattr(garray, "allocator", None)
+    if isinstance(alloc, PoolAllocator):
+        return alloc.physical_index
+    return None
+
+
+def ptr(garray: Any) -> int:
+    """The device address of ``garray``'s first element (0 for an empty array)."""
+    data = garray.gpudata
+    return 0 if data is None else int(data)
 
 
 def get_device(label: int) -> Device:

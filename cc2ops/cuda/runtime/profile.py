@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import get_kernel, launch, register_variants
+from cc2ops.cuda.runtime.compile import get_kernel, launch, register_variants
+from cc2ops.cuda.runtime.device import get_device
 
 __all__ = ["hold", "SplitTime", "split_time", "ThunkProfile"]
 
@@ -101,7 +102,6 @@ def split_time(
         and the repetition redone, while the host outlasts it, up to
         :data:`MAX_HOLD_MS`; beyond that the call is taken to synchronise.
     """
-    from cc2ops.cuda.device import get_device
 
     if reps < 1 or warmup < 0:
         raise ValueError(
@@ -163,8 +163,6 @@ class ThunkProfile:
     """
 
     def __init__(self, fn: Any, hold_ms: float = 5.0) -> None:
-        from cc2ops.cuda.device import get_device
-        from cc2ops.cuda.op import GpuOp
 
         vm = fn.vm
         if not hasattr(vm, "thunks") or not hasattr(vm, "nodes"):
@@ -179,8 +177,11 @@ class ThunkProfile:
         wrapped = []
         for k, (thunk, node) in enumerate(zip(vm.thunks, vm.nodes, strict=True)):
             dev = None
-            if isinstance(node.op, GpuOp):
-                dev = get_device(node.op.thunk_device(node))
+            # a GPU op says which device its thunk runs on (GpuOp.thunk_device);
+            # asked by method so the runtime needs no graph-level class
+            thunk_device = getattr(node.op, "thunk_device", None)
+            if thunk_device is not None:
+                dev = get_device(thunk_device(node))
             wrapped.append(self._wrap(thunk, k, node, dev))
         vm.thunks = wrapped
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import array as garray
-from cc2ops.cuda import blas
-from cc2ops.cuda.blas import CublasError, gemm, gemm_strided_batched, gemv
+from cc2ops.cuda.libs import cublas as blas
+from cc2ops.cuda.libs.cublas import CublasError, gemm, gemm_strided_batched, gemv
+from cc2ops.cuda.runtime import array as garray
 
 pytestmark = pytest.mark.gpu
 
@@ -281,7 +281,7 @@ def _op(x, op):
 @pytest.mark.parametrize("op_a", COMPLEX_OPS)
 @pytest.mark.parametrize("op_b", COMPLEX_OPS)
 def test_gemm_strided_batched_complex(dtype, op_a, op_b, no_copies):
-    from cc2ops.cuda.blas import gemm_strided_batched_complex
+    from cc2ops.cuda.libs.cublas import gemm_strided_batched_complex
 
     r = rng(9)
     m, k, n = 9, 14, 5
@@ -302,7 +302,7 @@ def test_gemm_strided_batched_complex(dtype, op_a, op_b, no_copies):
 
 
 def test_gemm_strided_batched_complex_alpha_beta_broadcast_tf32():
-    from cc2ops.cuda.blas import gemm_strided_batched_complex
+    from cc2ops.cuda.libs.cublas import gemm_strided_batched_complex
 
     r = rng(10)
     A = _complex(r, (1, 7, 8), "complex64")
@@ -328,7 +328,7 @@ def test_gemm_strided_batched_complex_alpha_beta_broadcast_tf32():
 
 
 def test_gemm_strided_batched_complex_rejects():
-    from cc2ops.cuda.blas import gemm_strided_batched_complex as cgemm
+    from cc2ops.cuda.libs.cublas import gemm_strided_batched_complex as cgemm
 
     where = "gemm_strided_batched_complex"
     a = g(np.ones((2, 3, 4), "complex64"))

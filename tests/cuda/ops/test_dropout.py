@@ -13,15 +13,15 @@ from pytensor.graph.rewriting.utils import rewrite_graph
 
 import cc2ops
 import cc2ops.cuda as cuda
-from cc2ops.cuda.compile import all_variants, render
-from cc2ops.cuda.dropout import (
+from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.ops import load_gpu_op_modules
+from cc2ops.cuda.ops.dropout import (
     GpuDropout,
     GpuDropoutAdvance,
     dropout_advance_consts,
     dropout_consts,
 )
-from cc2ops.cuda.mode import load_gpu_op_modules
-from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.runtime.compile import all_variants, render
 from cc2ops.cuda.type import CudaArrayType, CudaSharedVariable
 from cc2ops.dropout import (
     Dropout,
@@ -288,7 +288,7 @@ def gpu_state_step(shape, p, seed, dtype=F32):
 @pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 129)])
 def test_gpu_state_masks_match_the_host_state(shape, dtype, monkeypatch):
     monkeypatch.setenv("CC2OPS_DEBUG", "1")
-    from cc2ops.cuda.array import is_gpuarray
+    from cc2ops.cuda.runtime.array import is_gpuarray
 
     v = np.random.default_rng(0).uniform(1, 2, shape).astype(dtype)
     fn, state = gpu_state_step(shape, 0.3, 42, dtype)

@@ -21,8 +21,8 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import pool as gpool
-from cc2ops.cuda.pool import (
+from cc2ops.cuda.ops import pool as gpool
+from cc2ops.cuda.ops.pool import (
     GpuAvgPool,
     GpuAvgPoolGrad,
     GpuMaxPool,
@@ -273,13 +273,13 @@ def rng(seed=0):
 
 
 def to_gpu(a):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_gpu(a, 0)
 
 
 def to_host(g):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
 

@@ -20,8 +20,8 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import response_norm as grn
-from cc2ops.cuda.response_norm import (
+from cc2ops.cuda.ops import response_norm as grn
+from cc2ops.cuda.ops.response_norm import (
     MAX_SIZE,
     GpuCrossMapNorm,
     GpuCrossMapNormGrad,
@@ -229,13 +229,13 @@ def rng(seed=0):
 
 
 def to_gpu(a):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_gpu(a, 0)
 
 
 def to_host(g):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
 

@@ -24,8 +24,8 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import softmax_loss as gsl
-from cc2ops.cuda.softmax_loss import (
+from cc2ops.cuda.ops import softmax_loss as gsl
+from cc2ops.cuda.ops.softmax_loss import (
     GpuSoftmaxCrossEntropy,
     GpuSoftmaxCrossEntropyGrad,
     GpuTopKError,
@@ -257,13 +257,13 @@ def rng(seed=0):
 
 
 def to_gpu(a):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_gpu(a, 0)
 
 
 def to_host(g):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
 
@@ -481,7 +481,7 @@ def offset_view(host, offset):
     into its buffer (so its base address is misaligned)."""
     from pycuda.gpuarray import GPUArray
 
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     flat = array.empty((host.size + offset,), host.dtype, 0)
     view = GPUArray(host.shape, host.dtype, allocator=flat.allocator, base=flat,
@@ -509,7 +509,7 @@ def test_forward_split_matches_the_float64_reference(dtype, k, splits, debug):
 @pytest.mark.parametrize("splits", [1, 3, None], ids=lambda s: f"S{s or 'auto'}")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_forward_split_misaligned_base_pointers(dtype, splits, debug):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     x, y, t = make_case(5, 4097, dtype, 3.0, seed=1)
     item = np.dtype(dtype).itemsize
@@ -525,7 +525,7 @@ def test_forward_split_misaligned_base_pointers(dtype, splits, debug):
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [3, None], ids=lambda s: f"S{s or 'auto'}")
 def test_forward_split_reuses_its_workspace(splits, debug):
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(0)
     split = (splits or gsl.forward_splits(128, 21841, 4, dev.multiprocessors)) > 1
@@ -574,7 +574,7 @@ def test_forward_split_nan_logits_poison_only_their_row(soft, debug):
 def _drop_workspace():
     """Forget the device's workspace (kept alive: a graph may still use it), so
     that the next launch allocates and zeroes a new one."""
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     ws = gsl._workspaces.pop(get_device(0).index, None)
     if ws is not None:
@@ -586,8 +586,8 @@ def _drop_workspace():
 @pytest.mark.parametrize("soft", [False, True])
 @pytest.mark.parametrize("splits", [3, None], ids=lambda s: f"S{s or 'auto'}")
 def test_forward_split_replays_in_a_cuda_graph(splits, soft, fresh):
-    from cc2ops.cuda import array
-    from cc2ops.cuda.graphs import CudaGraph
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.cudagraph import CudaGraph
 
     b, k = 128, 21841
     x, y, t = make_case(b, k, "float32", 3.0, seed=0)

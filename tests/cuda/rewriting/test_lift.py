@@ -19,12 +19,9 @@ from pytensor.tensor.type import TensorType
 import cc2ops.cuda as cuda
 from cc2ops._op import Cc2Op
 from cc2ops.cuda import GpuFromHost, GpuToGpu, HostFromGpu
-from cc2ops.cuda import array as garray
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
-from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph import lift
-from cc2ops.graph.db import gpu_lift_db, transfer_cancel_db
-from cc2ops.graph.lift import (
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting import lift
+from cc2ops.cuda.rewriting.lift import (
     lift_device,
     local_cancel_gpu_host_gpu,
     local_cancel_host_gpu_host,
@@ -32,6 +29,10 @@ from cc2ops.graph.lift import (
     register_lift,
     to_gpu,
 )
+from cc2ops.cuda.runtime import array as garray
+from cc2ops.cuda.transfer import as_gpu_cotangent
+from cc2ops.cuda.type import CudaArrayType
+from cc2ops.graph.db import gpu_lift_db, transfer_cancel_db
 
 
 class ToyScale(Cc2Op):

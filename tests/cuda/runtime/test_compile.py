@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 from helpers import needs_nvcc
 
-from cc2ops.cuda import compile as ccompile
-from cc2ops.cuda.compile import (
+from cc2ops.cuda.ops import load_gpu_op_modules
+from cc2ops.cuda.runtime import compile as ccompile
+from cc2ops.cuda.runtime.compile import (
     KERNEL_DIR,
     KernelCompileError,
     NvccNotFoundError,
@@ -37,10 +38,9 @@ from cc2ops.cuda.compile import (
     register_variants,
     render,
 )
-from cc2ops.cuda.mode import load_gpu_op_modules
 
 ARCH = "sm_90"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 SOURCE = textwrap.dedent(
     """
@@ -76,7 +76,7 @@ def cubins(d: Path) -> list[Path]:
 def test_every_registered_variant_renders_and_compiles(cache):
     needs_nvcc()
     modules = load_gpu_op_modules()
-    assert "cc2ops.cuda.array" in modules
+    assert "cc2ops.cuda.runtime.array" in modules
     variants = list(all_variants())
     families = {f for f, _ in variants}
     assert {"copy", "fill"} <= families, families
@@ -226,7 +226,7 @@ def test_a_fresh_process_reuses_the_cache_without_nvcc(cache):
     script = textwrap.dedent(
         f"""
         import hashlib, json
-        from cc2ops.cuda.compile import compile_cubin, compile_stats
+        from cc2ops.cuda.runtime.compile import compile_cubin, compile_stats
         data = compile_cubin({SOURCE!r}, {ARCH!r})
         print(json.dumps(dict(compile_stats(), sha=hashlib.sha256(data).hexdigest())))
         """

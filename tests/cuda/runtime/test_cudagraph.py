@@ -1,4 +1,4 @@
-"""CUDA-graph capture and replay (``cc2ops.cuda.graphs``).
+"""CUDA-graph capture and replay (``cc2ops.cuda.runtime.cudagraph``).
 
 GPU tests: a captured sequence of kernels and cuBLAS calls replays with new
 input data and gives the eager results; a captured training step (dropout
@@ -20,10 +20,11 @@ import pytensor.tensor as pt
 import pytest
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import array
-from cc2ops.cuda.graphs import CudaGraph, GraphCaptureError, capture_function
+from cc2ops.cuda.capture import capture_function
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.cudagraph import CudaGraph, GraphCaptureError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.step_net import build_step, init_params, small_config  # noqa: E402
 
 gpu = pytest.mark.gpu
@@ -64,7 +65,8 @@ def test_capture_function_checks_warmup():
 
 @gpu
 def test_graph_replays_kernels_and_gemm_with_new_inputs():
-    from cc2ops.cuda import blas, conv
+    from cc2ops.cuda.libs import cublas as blas
+    from cc2ops.cuda.ops.conv import ops as conv
 
     r = np.random.default_rng(0)
     x = array.to_gpu(r.standard_normal((4, 3, 9, 9)).astype(np.float32), 0)

@@ -1,4 +1,4 @@
-"""Host and device time apart (``cc2ops.cuda.profile``), gpu marker.
+"""Host and device time apart (``cc2ops.cuda.runtime.profile``), gpu marker.
 
 A held stream measures the device time of the work queued behind it: a
 known spin of 3 ms reads as about 3 ms of device time and almost no host
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import array
-from cc2ops.cuda.profile import ThunkProfile, hold, split_time
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.profile import ThunkProfile, hold, split_time
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.step_net import build_step, small_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu

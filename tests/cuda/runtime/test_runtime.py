@@ -24,15 +24,15 @@ import pytest
 from pytensor.graph.basic import Apply
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import array as garray
-from cc2ops.cuda import compile as ccompile
-from cc2ops.cuda import device as cdevice
 from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.runtime import array as garray
+from cc2ops.cuda.runtime import compile as ccompile
+from cc2ops.cuda.runtime import device as cdevice
 from cc2ops.cuda.type import CudaArrayType
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128",
@@ -154,7 +154,7 @@ def test_virtual_devices_share_one_gpu_in_a_fresh_process():
         """
         import numpy as np, pytensor
         import cc2ops.cuda as cuda
-        from cc2ops.cuda import array as ga
+        from cc2ops.cuda.runtime import array as ga
         d0, d1 = cuda.get_device(0), cuda.get_device(1)
         assert d0.index == d1.index == 0, (d0, d1)
         assert d0.shares_physical(d1) and d0.context == d1.context
@@ -479,8 +479,8 @@ def test_compile_cache_hit_in_a_fresh_process(tmp_path):
         """
         import json
         import numpy as np
-        from cc2ops.cuda import array as ga
-        from cc2ops.cuda.compile import compile_stats
+        from cc2ops.cuda.runtime import array as ga
+        from cc2ops.cuda.runtime.compile import compile_stats
         value = np.arange(60, dtype="float32").reshape(3, 4, 5)
         g = ga.to_gpu(value, 0)
         ok = np.array_equal(ga.to_host(g[:, ::2, ::-1]), value[:, ::2, ::-1])
@@ -507,8 +507,9 @@ def test_clean_interpreter_exit(explicit_shutdown):
         f"""
         import numpy as np, pytensor
         import cc2ops.cuda as cuda
-        from cc2ops.cuda import array as ga, blas
-        from cc2ops.cuda.device import shutdown
+        from cc2ops.cuda.runtime import array as ga
+        from cc2ops.cuda.libs import cublas as blas
+        from cc2ops.cuda.runtime.device import shutdown
         keep = ga.to_gpu(np.ones((64, 64), "float32"), 0)
         view = keep[::2, 1:]
         contiguous = ga.ascontiguous(view)

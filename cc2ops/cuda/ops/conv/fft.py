@@ -1,4 +1,4 @@
-"""FFT convolution: the ``fft`` candidate of the passes of :mod:`cc2ops.cuda.conv`.
+"""FFT convolution: the ``fft`` candidate of the passes of :mod:`.ops`.
 
 Stride-1 float32 convolutions (any padding, filter size, groups, rectangular
 images) as products of 2-D spectra: the planes are zero-padded to an
@@ -55,14 +55,20 @@ Precision: the transforms are float32; the GEMMs are true fp32
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
-
-if TYPE_CHECKING:
-    from cc2ops.cuda.conv import ConvGeometry
+from cc2ops.cuda.libs import cublas as blas
+from cc2ops.cuda.ops.conv.geometry import ConvGeometry
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    KernelSpec,
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
 
 __all__ = [
     "FFT_SIZES",
@@ -331,8 +337,6 @@ def _fft_variants() -> list[dict[str, Any]]:
 
 
 def _launch(c: dict[str, Any], q: int, args: list[Any], device: int) -> None:
-    from cc2ops.cuda.compile import get_kernel, launch
-
     fn = get_kernel("conv_fft", device, **c)
     grid = -(-q // c["planes"])
     launch(fn, grid, c["threads"], args, device, shared_mem=_smem_bytes(c))
@@ -385,8 +389,6 @@ def _cgemm(
     a: Any, b: Any, c: Any, *, op_a: str = "n", op_b: str = "n", beta: float = 0.0,
     precision: str, device: int,
 ) -> None:  # fmt: skip
-    from cc2ops.cuda import blas
-
     blas.gemm_strided_batched_complex(
         a, b, c, op_a=op_a, op_b=op_b, beta=beta, device=device,
         precision="tf32" if precision == "tf32" else "fp32",
@@ -394,9 +396,7 @@ def _cgemm(
 
 
 def _flat(base: Any, offset: int, shape: tuple[int, ...]) -> Any:
-    from cc2ops.cuda import conv
-
-    return conv._flat(base, offset, shape)
+    return array.flat_view(base, offset, shape)
 
 
 # --------------------------------------------------------------------------
@@ -468,8 +468,6 @@ class FftConv:
         device: int, accumulate: bool = False,
     ) -> None:  # fmt: skip
         """``out`` (B, F, Ho, Wo) = conv(x (B, C, H, W), w (F, C/groups, kh, kw))."""
-        from cc2ops.cuda import array
-
         if accumulate:
             raise ValueError("conv fft: FilterActs does not accumulate")
         p = self._plan("filter_acts", g, x.dtype, precision)
@@ -503,8 +501,6 @@ class FftConv:
     ) -> None:  # fmt: skip
         """``out`` (B, C, H, W) (``+=`` with ``accumulate``) = the gradient wrt
         the images of dy (B, F, Ho, Wo) through w (F, C/groups, kh, kw)."""
-        from cc2ops.cuda import array
-
         p = self._plan("image_acts", g, dy.dtype, precision)
         size, bins, G = (p.nh, p.nw), p.bins, g.groups
         B, C, F = g.batch, g.channels, g.filters
@@ -536,8 +532,6 @@ class FftConv:
     ) -> None:  # fmt: skip
         """``out`` (F, C/groups, kh, kw) (``+=`` with ``accumulate``) = the
         gradient wrt the filters of x (B, C, H, W) and dy (B, F, Ho, Wo)."""
-        from cc2ops.cuda import array
-
         p = self._plan("weight_acts", g, x.dtype, precision)
         size, bins, G = (p.nh, p.nw), p.bins, g.groups
         B, C, F = g.batch, g.channels, g.filters

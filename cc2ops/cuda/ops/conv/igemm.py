@@ -64,7 +64,7 @@ The tiles of :data:`WGMMA_TILES` (``TileConfig.wgmma``; tap-major
 multiplies 64 rows of the tile by all its columns with both operands read by
 the tensor cores straight from shared memory, K-major in the 128-byte
 swizzle, through matrix descriptors (see "wgmma" in the .cu). They compile
-for ``sm_90a`` (:func:`cc2ops.cuda.compile.kernel_arch`) and are offered
+for ``sm_90a`` (:func:`cc2ops.cuda.runtime.compile.kernel_arch`) and are offered
 only on devices of compute capability 9.0 (:func:`variants`'
 ``capability``). The tensor cores truncate fp32 operands to TF32, so the
 weights are rounded once when they are permuted and the activations are
@@ -103,10 +103,10 @@ computes the pass through them.
 
 Interface
 ---------
-The conv GPU ops (``cc2ops.cuda.conv``) call :func:`supports`,
+The conv GPU ops (``cc2ops.cuda.ops.conv.ops``) call :func:`supports`,
 :func:`variants` and :func:`filter_acts` / :func:`image_acts` /
 :func:`weight_acts` as autotuner candidates. ``geometry`` is a
-:class:`cc2ops.cuda.conv.ConvGeometry`.
+:class:`cc2ops.cuda.ops.conv.ops.ConvGeometry`.
 
 The index arithmetic of the kernels is written down here once more, in numpy
 (:func:`a_offset`, :func:`b_offset`, :func:`c_offset`, :func:`fastdiv`,
@@ -137,14 +137,14 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.cuda.compile import (
+from cc2ops.cuda.ops.conv.geometry import ConvGeometry
+from cc2ops.cuda.runtime.compile import (
     KernelSpec,
     kernel_cache,
     register_arch_suffix,
     register_namer,
     register_variants,
 )
-from cc2ops.cuda.conv import ConvGeometry
 
 __all__ = [
     "OPS",
@@ -1779,7 +1779,7 @@ def kernel_spec(
     op: str, g: ConvGeometry, precision: str, config: TileConfig | None = None
 ) -> KernelSpec:
     """The kernel :func:`plan` picks for ``op`` on ``g`` with 16-byte aligned
-    operands (for :func:`cc2ops.cuda.compile.precompile`)."""
+    operands (for :func:`cc2ops.cuda.runtime.compile.precompile`)."""
     return KernelSpec("conv_igemm", plan(op, g, precision, config).consts)
 
 
@@ -1851,7 +1851,7 @@ def variants(
 
 
 def _prepare(name: str, arr: Any, shape: tuple[int, ...], device: int) -> Any:
-    from cc2ops.cuda.array import ascontiguous
+    from cc2ops.cuda.runtime.array import ascontiguous
 
     if tuple(arr.shape) != shape:
         raise ValueError(
@@ -1890,8 +1890,8 @@ def _recipe(
     aligned: bool,
 ) -> _Recipe:
     """The memoised plan, kernels and constant arguments of a launch."""
-    from cc2ops.cuda.compile import get_kernel
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.compile import get_kernel
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(device)
     key = (op, g, precision, dev.index, config, splits, aligned, STREAMK_GRID)
@@ -1941,11 +1941,11 @@ def _recipe(
 def _channels_last(t: Any, device: int) -> Any:
     """(B, C, H, W) -> its C-contiguous (B, H, W, C) copy on ``device``, as
     a (B, H*W, C) array: the tiled transpose of
-    :func:`cc2ops.cuda.basic.contiguous` over that view of ``t``; ``t``
+    :func:`cc2ops.cuda.ops.tensor.basic.contiguous` over that view of ``t``; ``t``
     itself when the layouts agree (H*W or C is 1) and it is 16-byte aligned
     (the kernel's 16-byte copies), else a fresh copy."""
-    from cc2ops.cuda import array
-    from cc2ops.cuda.basic import contiguous, make_view
+    from cc2ops.cuda.ops.tensor.basic import contiguous, make_view
+    from cc2ops.cuda.runtime import array
 
     b, c, h, w = (int(v) for v in t.shape)
     item = np.dtype(t.dtype).itemsize
@@ -1967,8 +1967,8 @@ def _run(
     config: TileConfig | None,
     splits: int | None = None,
 ) -> None:
-    from cc2ops.cuda import array
-    from cc2ops.cuda.compile import launch
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.compile import launch
 
     a_shape, b_shape = _in_shapes(op, g)
     a = _prepare(op, a, a_shape, device)

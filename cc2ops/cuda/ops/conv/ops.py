@@ -16,7 +16,7 @@ the host ops here in ``cc2ops.cuda.mode()``, and the rewrite
 
 Algorithms
 ----------
-Each pass has candidate algorithms; the :class:`~cc2ops.cuda.autotune.Autotuner`
+Each pass has candidate algorithms; the :class:`~cc2ops.cuda.runtime.autotune.Autotuner`
 times the applicable ones on the first use of a geometry and keeps the
 fastest whose output agrees with the default's (``CC2OPS_AUTOTUNE=0``: always
 the default, no timing).
@@ -38,14 +38,14 @@ the default, no timing).
     filters broadcast), no layout swaps; for 1x1 filters with stride 1 and
     no padding the images themselves are the columns (no im2col at all).
 ``fft``
-    :class:`~cc2ops.cuda.conv_fft.FftConv`: float32, stride 1, transform
+    :class:`~cc2ops.cuda.ops.conv.fft.FftConv`: float32, stride 1, transform
     sides up to 64. Real-to-complex FFTs of the planes
     (``kernels/conv_fft.cu``, generated per size) into bin-major complex64
     spectra, one complex GEMM per bin and group (``CUBLAS_COMPUTE_32F`` or
     TF32), and the inverse transform with the crop, normalisation and
     accumulation folded in; chunks of the batch within a spectra budget.
 ``igemm_<tile>``
-    The tensor-core implicit-GEMM kernels of :mod:`cc2ops.cuda.conv_igemm`
+    The tensor-core implicit-GEMM kernels of :mod:`cc2ops.cuda.ops.conv.igemm`
     (float32; TF32 or fp32-accurate 3xTF32), when that module imports and
     says it supports the geometry.
 
@@ -60,8 +60,7 @@ switch shared with cuBLAS) or ``precision="tf32"``; float64 uses DGEMM.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,12 +88,27 @@ from cc2ops.conv import (
     _static_pair,
     _weight_acts_shape,
 )
-from cc2ops.cuda.compile import KernelSpec, register_namer, register_variants
-from cc2ops.cuda.conv_fft import FftConv
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.ops.conv import igemm as conv_igemm
+from cc2ops.cuda.ops.conv.fft import FftConv
+from cc2ops.cuda.ops.conv.geometry import (
+    _INT32,
+    ConvGeometry,
+    geometry_of,
+    plan_chunk,
+)
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    KernelSpec,
+    register_namer,
+    register_variants,
+    render,
+)
+from cc2ops.cuda.runtime.device import get_device
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
-from cc2ops.graph.lift import register_lift, to_gpu
 from cc2ops.shapes import check_conv_shapes, conv_output_length
 
 __all__ = [
@@ -119,31 +133,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ConvGeometry:
-    """Every integer that fixes one convolution problem, bc01.
-
-    Images (batch, channels, height, width), filters
-    (filters, channels/groups, kh, kw), output (batch, filters, out_h, out_w).
-    Built by :func:`geometry_of`; the autotuner's key and conv_igemm's input.
-    """
-
-    batch: int
-    channels: int
-    height: int
-    width: int
-    filters: int
-    kh: int
-    kw: int
-    stride_h: int
-    stride_w: int
-    pad_h: int
-    pad_w: int
-    groups: int
-    out_h: int
-    out_w: int
-
-
 _OPS = ("filter_acts", "image_acts", "weight_acts")
 _OP_CLASS = {
     "filter_acts": "GpuFilterActs",
@@ -152,116 +141,10 @@ _OP_CLASS = {
 }
 _DT = {"float32": "f32", "float64": "f64"}
 _BLOCK = 256
-_INT32 = 2**31 - 1
-#: Row alignment (bytes) that plan_chunk gives the im2col GEMMs.
-_ALIGN_BYTES = 16
 #: Column-buffer budgets (MiB) of the im2col candidates; 32 MiB stays in L2.
 CHUNK_BUDGETS_MIB = (8, 32, 128)
 #: The deterministic default (what ``CC2OPS_AUTOTUNE=0`` always runs).
 DEFAULT_ALGORITHM = "im2col_knp_32m"
-#: Bumped whenever an algorithm or the way candidates are timed changes (part
-#: of the autotuner's key). 2: tap-major tiles; candidates ranked by device time.
-#: 3: wgmma tiles (sm_90a) on devices of compute capability 9.0.
-#: 4: im2col chunks with 16-byte aligned GEMM rows.
-ALGORITHMS_VERSION = 4
-
-
-# --------------------------------------------------------------------------
-# geometry and chunk planning (pure)
-# --------------------------------------------------------------------------
-
-
-def geometry_of(
-    op: str,
-    image_shape: Sequence[int],
-    filter_shape: Sequence[int],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    groups: int,
-) -> ConvGeometry:
-    """The :class:`ConvGeometry` of images (B, C, H, W) and filters
-    (F, C/groups, kh, kw), validated with :func:`cc2ops.shapes.check_conv_shapes`.
-    """
-    return _geometry(
-        op,
-        tuple(int(v) for v in image_shape),
-        tuple(int(v) for v in filter_shape),
-        tuple(stride),
-        tuple(padding),
-        int(groups),
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _geometry(
-    op: str,
-    image_shape: tuple[int, ...],
-    filter_shape: tuple[int, ...],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    groups: int,
-) -> ConvGeometry:
-    # memoised: the pass functions ask for it on every call (errors are not
-    # cached, so a bad shape raises every time)
-    b, c, h, w = image_shape
-    f, cg, kh, kw = filter_shape
-    _, _, ho, wo = check_conv_shapes(
-        op, (b, c, h, w), (f, cg, kh, kw), stride, padding, groups
-    )
-    return ConvGeometry(
-        b, c, h, w, f, kh, kw, stride[0], stride[1], padding[0], padding[1],
-        groups, int(ho), int(wo),
-    )  # fmt: skip
-
-
-def plan_chunk(g: ConvGeometry, itemsize: int, budget_bytes: int) -> int:
-    """Images per chunk of the im2col path.
-
-    The largest count whose (C*kh*kw, nb*Ho*Wo) column matrix fits in
-    ``budget_bytes`` (at least one image), lowered so that every buffer and
-    kernel index stays below 2^31 elements, then balanced so that the chunks
-    of the batch have nearly equal sizes (129 images with room for 64 give
-    three chunks of 43). When the batch takes more than one chunk, the count
-    is then rounded to a multiple that makes ``nb*Ho*Wo`` a multiple of 16
-    bytes: that product is the leading dimension of every GEMM of the path,
-    and cuBLAS's tensor-core kernels want 16-byte aligned rows (at 13x13
-    outputs, 43 images give rows of 7267 floats, 44 give 7436). Up when the
-    columns stay within 1.25 times the budget and the 2^31 limits, else down
-    when that leaves at least one step, else not at all.
-
-    Raises
-    ------
-    ValueError
-        If a single image needs more than 2^31 elements in some buffer.
-    """
-    if g.batch <= 0:
-        return 1
-    p = g.out_h * g.out_w
-    per_image = {
-        "columns": g.channels * g.kh * g.kw * p,
-        "images": g.channels * g.height * g.width,
-        "outputs": g.filters * p,
-    }
-    worst = max(per_image, key=lambda k: per_image[k])
-    if per_image[worst] > _INT32:
-        raise ValueError(
-            f"conv im2col: one image needs {per_image[worst]} elements of {worst}, "
-            f"above the 2^31 limit of the kernels ({g})"
-        )
-    hard = min(g.batch, *(_INT32 // max(1, v) for v in per_image.values()))
-    nb = min(hard, max(1, int(budget_bytes) // max(1, per_image["columns"] * itemsize)))
-    chunks = -(-g.batch // nb)
-    nb = -(-g.batch // chunks)
-    if nb < g.batch:
-        align = max(1, _ALIGN_BYTES // int(itemsize))
-        step = align // math.gcd(p, align)
-        up = -(-nb // step) * step
-        cols = per_image["columns"] * int(itemsize)
-        if up <= hard and up * cols * 4 <= int(budget_bytes) * 5:
-            nb = min(up, g.batch)
-        elif nb >= step:
-            nb = nb // step * step
-    return nb
 
 
 def resolve_precision(dtype: Any, precision: str | None) -> str:
@@ -270,7 +153,7 @@ def resolve_precision(dtype: Any, precision: str | None) -> str:
     if np.dtype(dtype) == np.float64:
         return "fp64"
     if precision is None:
-        from cc2ops.cuda.precision import get_allow_tf32
+        from cc2ops.cuda.runtime.precision import get_allow_tf32
 
         return "tf32" if get_allow_tf32() else "fp32"
     if precision not in ("fp32", "tf32"):
@@ -367,8 +250,8 @@ def _im2col_variants() -> list[dict[str, Any]]:
 def _launch_flat(consts: dict[str, Any], n: int, args: list[Any], device: int) -> None:
     if n <= 0:
         return
-    from cc2ops.cuda.compile import get_kernel, launch
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.compile import get_kernel, launch
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(device)
     fn = get_kernel("conv_im2col", device, **consts)
@@ -425,30 +308,12 @@ def _add_into(src: Any, dst: Any, device: int) -> None:
 
 
 def _view(base: Any, offset: int, shape: Sequence[int], strides: Sequence[int]) -> Any:
-    """A GPUArray view of ``base``'s buffer: element offset, shape, element strides."""
-    from pycuda.gpuarray import GPUArray
-
-    from cc2ops.cuda.array import ptr
-
-    item = np.dtype(base.dtype).itemsize
-    return GPUArray(
-        tuple(int(s) for s in shape),
-        base.dtype,
-        allocator=base.allocator,
-        base=base,
-        gpudata=ptr(base) + int(offset) * item,
-        strides=tuple(int(s) * item for s in strides),
-    )
+    # looked up on the array module at each call, so a test can stand in numpy
+    return array.view(base, offset, shape, strides)
 
 
 def _flat(base: Any, offset: int, shape: Sequence[int]) -> Any:
-    """A C-contiguous view of ``prod(shape)`` elements of ``base`` from ``offset``."""
-    strides = []
-    acc = 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= int(s)
-    return _view(base, offset, shape, tuple(reversed(strides)))
+    return array.flat_view(base, offset, shape)
 
 
 # --------------------------------------------------------------------------
@@ -473,7 +338,7 @@ def _grouped_gemm(
     device: int,
 ) -> None:
     """``c[g] = op(a[g]) op(b[g]) + beta c[g]`` over (groups, rows, cols) views."""
-    from cc2ops.cuda import blas
+    from cc2ops.cuda.libs import cublas as blas
 
     prec = _blas_precision(precision)
     if groups == 1:
@@ -549,8 +414,6 @@ class Im2colGemm:
         self, x: Any, w: Any, out: Any, g: ConvGeometry, precision: str,
         device: int, accumulate: bool = False,
     ) -> None:  # fmt: skip
-        from cc2ops.cuda import array
-
         if accumulate:
             raise ValueError("conv: FilterActs does not accumulate")
         dt = x.dtype
@@ -597,8 +460,6 @@ class Im2colGemm:
         self, dy: Any, w: Any, out: Any, g: ConvGeometry, precision: str,
         device: int, accumulate: bool = False,
     ) -> None:  # fmt: skip
-        from cc2ops.cuda import array
-
         dt = dy.dtype
         G, F, C = g.groups, g.filters, g.channels
         Fg, Cg, KK, P = F // G, C // G, g.kh * g.kw, g.out_h * g.out_w
@@ -650,8 +511,6 @@ class Im2colGemm:
         self, x: Any, dy: Any, out: Any, g: ConvGeometry, precision: str,
         device: int, accumulate: bool = False,
     ) -> None:  # fmt: skip
-        from cc2ops.cuda import array
-
         if self.layout != "knp":
             raise ValueError(f"conv: {self.name} does not compute WeightActs")
         dt = x.dtype
@@ -693,7 +552,7 @@ def _batched_gemm(
     precision: str,
     device: int,
 ) -> None:
-    from cc2ops.cuda import blas
+    from cc2ops.cuda.libs import cublas as blas
 
     blas.gemm_strided_batched(
         a, b, c, trans_a=trans_a, beta=beta, device=device,
@@ -702,14 +561,7 @@ def _batched_gemm(
 
 
 def _conv_igemm() -> Any:
-    """:mod:`cc2ops.cuda.conv_igemm`, or ``None`` when it does not import."""
-    try:
-        from cc2ops.cuda import conv_igemm
-    except ImportError:
-        return None
-    needed = ("supports", "filter_acts", "image_acts", "weight_acts")
-    if not all(hasattr(conv_igemm, n) for n in needed):
-        return None
+    """:mod:`cc2ops.cuda.ops.conv.igemm` (a function so that a test can hide it)."""
     return conv_igemm
 
 
@@ -761,11 +613,9 @@ class Igemm:
         self, op: str, a: Any, b: Any, out: Any, g: ConvGeometry, precision: str,
         device: int, accumulate: bool,
     ) -> None:  # fmt: skip
-        from cc2ops.cuda import array
-
         mod = _conv_igemm()
         if mod is None:
-            raise ValueError("conv: cc2ops.cuda.conv_igemm does not import")
+            raise ValueError("conv: cc2ops.cuda.ops.conv.igemm does not import")
         fn = getattr(mod, op)
         kwargs = {} if self.config is None else {"config": self.config}
         if accumulate:
@@ -810,7 +660,7 @@ def _candidates(
     mod = _conv_igemm()
     if mod is not None and Igemm().applies(op, g, dtype, precision):
         if capability is None and device is not None:
-            from cc2ops.cuda.device import get_device
+            from cc2ops.cuda.runtime.device import get_device
 
             capability = tuple(get_device(device).compute_capability)
         configs: list[Any] = [None]
@@ -833,7 +683,7 @@ def kernel_specs(
     capability: tuple[int, int] | None = None,
 ) -> list[KernelSpec]:
     """Every kernel the applicable algorithms of ``op`` on ``g`` may launch
-    (for :func:`cc2ops.cuda.compile.precompile`); ``device`` (or
+    (for :func:`cc2ops.cuda.runtime.compile.precompile`); ``device`` (or
     ``capability``, ``(major, minor)``, without a device) adds those of the
     candidates only that compute capability runs (see :func:`algorithm_names`)."""
     if op not in _OPS:
@@ -869,7 +719,7 @@ def chosen_algorithm(
 ) -> str:
     """The algorithm a pass runs now for ``g``: the autotuner's remembered
     choice, else the default (before tuning, or with ``CC2OPS_AUTOTUNE=0``)."""
-    from cc2ops.cuda.autotune import autotune_enabled
+    from cc2ops.cuda.runtime.autotune import autotune_enabled
 
     prec = resolve_precision(dtype, precision)
     cands = _candidates(op, g, dtype, prec, device)
@@ -886,7 +736,7 @@ _TUNER: Any = None
 def _tuner() -> Any:
     global _TUNER
     if _TUNER is None:
-        from cc2ops.cuda.autotune import Autotuner
+        from cc2ops.cuda.runtime.autotune import Autotuner
 
         _TUNER = Autotuner("conv")
     return _TUNER
@@ -895,19 +745,39 @@ def _tuner() -> Any:
 _TOLERANCE = {"fp32": 2e-5, "tf32": 1e-2, "fp64": 1e-10}
 
 
+def _sources_digest(
+    op: str, g: ConvGeometry, dtype: Any, precision: str, device: int
+) -> str:
+    """sha256 (16 hex digits) of the rendered CUDA source of every kernel the
+    candidates of ``op`` on ``g`` may launch, each once, in a fixed order.
+
+    The autotuner's key holds it where a hand-bumped version number used to
+    be: editing a template, a tile's constants or the kernels an algorithm
+    launches changes the key, so timings of other code are never reused.
+    Host-side planning that launches the same kernels (a chunk count, say)
+    does not change it; such a change must change a candidate's name, which
+    the key holds too.
+    """
+    seen: dict[tuple, KernelSpec] = {}
+    for spec in kernel_specs(op, g, dtype, precision, device=device):
+        seen.setdefault((spec.family, repr(sorted(spec.consts.items()))), spec)
+    digest = hashlib.sha256()
+    for key in sorted(seen, key=repr):
+        spec = seen[key]
+        digest.update(render(spec.family, **spec.consts).encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
 def _tune_key(
     op: str, g: ConvGeometry, dtype: Any, precision: str, device: int, names: list
 ) -> dict[str, Any]:
-    import cc2ops
-    from cc2ops.cuda.device import get_device
-
     return {
         "op": _OP_CLASS[op],
         "geometry": dataclasses.astuple(g),
         "dtype": str(np.dtype(dtype)),
         "precision": precision,
         "device": get_device(device).name,
-        "version": f"{cc2ops.__version__}/conv{ALGORITHMS_VERSION}",
+        "sources": _sources_digest(op, g, dtype, precision, device),
         "candidates": list(names),
     }
 
@@ -928,7 +798,7 @@ def _choose(
     precision, device, forced name, autotune switch), so later calls skip the
     candidate enumeration and the key's JSON (a fresh tuner forgets them).
     """
-    from cc2ops.cuda.autotune import autotune_enabled
+    from cc2ops.cuda.runtime.autotune import autotune_enabled
 
     tuner = _tuner()
     memo = tuner.__dict__.setdefault("_conv_choices", {})
@@ -958,8 +828,6 @@ def _choose_uncached(
     out_shape: tuple[int, ...],
     algorithm: str | None,
 ) -> Any:
-    from cc2ops.cuda import array
-
     cands = _candidates(op, g, dtype, precision, device)
     by_name = {a.name: a for a in cands}
     if algorithm is not None:
@@ -976,8 +844,8 @@ def _choose_uncached(
     def runner(alg: Any) -> Callable[[Any], None]:
         return lambda out: getattr(alg, op)(a, b, out, g, precision, device)
 
-    from cc2ops.cuda.autotune import autotune_enabled
-    from cc2ops.cuda.compile import precompile
+    from cc2ops.cuda.runtime.autotune import autotune_enabled
+    from cc2ops.cuda.runtime.compile import precompile
 
     key = _tune_key(op, g, dtype, precision, device, list(by_name))
     if autotune_enabled() and _tuner().cached(key) is None:
@@ -1016,8 +884,6 @@ def _check_arrays(op: str, **arrays: Any) -> str:
 
 def _accumulator(op: str, acc: Any, shape: tuple, dtype: str, device: int) -> Any:
     """The buffer an accumulating pass adds into: ``acc`` or a contiguous copy."""
-    from cc2ops.cuda import array
-
     if tuple(int(s) for s in acc.shape) != tuple(shape):
         raise ValueError(
             f"{op}: acc has shape {tuple(acc.shape)}, the result {tuple(shape)}"
@@ -1064,8 +930,6 @@ def filter_acts(
     -------
     GPUArray, shape (B, F, Ho, Wo)
     """
-    from cc2ops.cuda import array
-
     op = "GpuFilterActs"
     stride, padding, groups = _params(op, stride, padding, groups)
     dtype = _check_arrays(op, images=x, filters=w)
@@ -1121,8 +985,6 @@ def image_acts(
     GPUArray, shape (B, C, H, W)
         0 where no filter tap reaches a pixel.
     """
-    from cc2ops.cuda import array
-
     op = "GpuImageActs"
     stride, padding, groups = _params(op, stride, padding, groups)
     dtype = _check_arrays(op, gradient=dy, filters=w)
@@ -1183,8 +1045,6 @@ def weight_acts(
     -------
     GPUArray, shape (F, C/groups, kh, kw)
     """
-    from cc2ops.cuda import array
-
     op = "GpuWeightActs"
     stride, padding, groups = _params(op, stride, padding, groups)
     dtype = _check_arrays(op, images=x, gradient=dy)
@@ -1635,7 +1495,7 @@ def lift_weight_acts(fgraph: Any, node: Apply, device: int) -> list[Variable]:
 
 def _gpu_elemwise_class() -> type | None:
     try:
-        from cc2ops.cuda.elemwise import GpuElemwise
+        from cc2ops.cuda.ops.tensor.elemwise import GpuElemwise
     except ImportError:
         return None
     return GpuElemwise

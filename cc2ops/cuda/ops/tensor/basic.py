@@ -69,14 +69,19 @@ from pytensor.tensor.subtensor import (
 from pytensor.tensor.type import TensorType, integer_dtypes
 from pytensor.tensor.variable import TensorConstant
 
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
-from cc2ops.cuda.device import get_device
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
+from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu, as_gpu, as_host
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db, gpu_lift_db
-from cc2ops.graph.lift import register_lift, to_gpu
 
 __all__ = [
     "make_view",
@@ -412,7 +417,7 @@ def contiguous(x: Any, device: int) -> Any:
     Transposes (the output's innermost axis is strided in ``x`` while another
     axis has unit stride) use the tiled shared-memory kernel
     (``kernels/transpose.cu``, coalesced reads and writes); other layouts use
-    :func:`cc2ops.cuda.array.ascontiguous`.
+    :func:`cc2ops.cuda.runtime.array.ascontiguous`.
     """
     if array.is_c_contiguous(x):
         return x
@@ -597,7 +602,7 @@ class GpuDimShuffle(_HostDelegate):
     -----
     Never copies: a transpose is a view with permuted strides. Consumers that
     need C order call :func:`contiguous` (tiled transpose kernel); cuBLAS
-    products take transposed views directly (:mod:`cc2ops.cuda.blas_ops`).
+    products take transposed views directly (:mod:`cc2ops.cuda.ops.tensor.blas`).
     """
 
     __props__ = ("input_ndim", "new_order")

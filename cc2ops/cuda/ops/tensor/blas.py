@@ -1,8 +1,8 @@
 """Matrix products on the GPU through cuBLAS: GpuDot22, GpuDot, GpuGemm, ...
 
 Each op is PyTensor's host BLAS op of the same name on GPU arrays, computed
-with :func:`cc2ops.cuda.blas.gemm` / :func:`~cc2ops.cuda.blas.gemv` /
-:func:`~cc2ops.cuda.blas.gemm_strided_batched`:
+with :func:`cc2ops.cuda.libs.cublas.gemm` / :func:`~cc2ops.cuda.libs.cublas.gemv` /
+:func:`~cc2ops.cuda.libs.cublas.gemm_strided_batched`:
 
 =================  =========================================  =================
 host op            computes                                   GPU op
@@ -20,8 +20,8 @@ host op            computes                                   GPU op
 through their base classes.)
 
 Transposes are folded into the cuBLAS call: an operand that is a
-:class:`~cc2ops.cuda.basic.GpuDimShuffle` transpose is, at run time, a
-transposed strided view, and :func:`~cc2ops.cuda.blas.gemm` passes the
+:class:`~cc2ops.cuda.ops.tensor.basic.GpuDimShuffle` transpose is, at run time, a
+transposed strided view, and :func:`~cc2ops.cuda.libs.cublas.gemm` passes the
 untransposed matrix with the transpose flag instead of copying it (as it
 does for row-strided views of wider matrices). No transpose kernel runs for
 ``Dot22(x.T, y)``, which is what weight gradients are made of.
@@ -50,12 +50,18 @@ from pytensor.graph.rewriting.basic import (
 )
 from pytensor.tensor.math import Dot
 
-from cc2ops.cuda import array, blas
-from cc2ops.cuda.basic import GpuDimShuffle, gpu_constant_or_transfer, make_view
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
+from cc2ops.cuda.libs import cublas as blas
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.ops.tensor.basic import (
+    GpuDimShuffle,
+    gpu_constant_or_transfer,
+    make_view,
+)
+from cc2ops.cuda.rewriting.lift import register_lift
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
-from cc2ops.graph.lift import register_lift
 
 __all__ = [
     "GpuDot22",

@@ -65,13 +65,18 @@ from pytensor.tensor.rewriting.elemwise import InplaceGraphOptimizer
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorConstant
 
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, kernel_cache, launch, register_variants
-from cc2ops.cuda.device import get_device
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    kernel_cache,
+    launch,
+    register_variants,
+)
+from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
-from cc2ops.graph.lift import register_lift, to_gpu
 
 __all__ = [
     "GpuElemwise",

@@ -47,13 +47,19 @@ from pytensor.tensor.elemwise import CAReduce
 from pytensor.tensor.math import Argmax
 from pytensor.tensor.type import TensorType
 
-from cc2ops.cuda import array
-from cc2ops.cuda.compile import get_kernel, kernel_cache, launch, register_variants
-from cc2ops.cuda.device import get_device
-from cc2ops.cuda.elemwise import ScalarCode, collapse_dims, scalar_code
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable
+from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.ops.tensor.elemwise import ScalarCode, collapse_dims, scalar_code
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    kernel_cache,
+    launch,
+    register_variants,
+)
+from cc2ops.cuda.runtime.device import get_device
+from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
 
 __all__ = [
     "GpuCAReduce",

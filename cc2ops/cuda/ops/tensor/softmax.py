@@ -28,13 +28,18 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.special import LogSoftmax, Softmax
 
-from cc2ops.cuda import array
-from cc2ops.cuda.basic import contiguous
-from cc2ops.cuda.compile import get_kernel, launch, register_namer, register_variants
-from cc2ops.cuda.device import get_device
-from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable, common_device
-from cc2ops.cuda.transfer import as_gpu, as_host
-from cc2ops.graph.lift import register_lift, to_gpu
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.ops.tensor.basic import contiguous
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.compile import (
+    get_kernel,
+    launch,
+    register_namer,
+    register_variants,
+)
+from cc2ops.cuda.runtime.device import get_device
+from cc2ops.cuda.transfer import as_gpu, as_gpu_cotangent, as_host
 
 __all__ = [
     "GpuSoftmax",

@@ -29,12 +29,12 @@ from cc2ops.conv import (
     conv_backward_filter_reference,
     conv_forward_reference,
 )
-from cc2ops.cuda import autotune as at
-from cc2ops.cuda import conv as gconv
-from cc2ops.cuda import conv_fft as cf
-from cc2ops.cuda.compile import all_variants
-from cc2ops.cuda.conv import ConvGeometry, geometry_of
-from cc2ops.cuda.mode import load_gpu_op_modules
+from cc2ops.cuda.ops import load_gpu_op_modules
+from cc2ops.cuda.ops.conv import fft as cf
+from cc2ops.cuda.ops.conv import ops as gconv
+from cc2ops.cuda.ops.conv.ops import ConvGeometry, geometry_of
+from cc2ops.cuda.runtime import autotune as at
+from cc2ops.cuda.runtime.compile import all_variants
 
 F32, F64 = "float32", "float64"
 PASSES = ("filter_acts", "image_acts", "weight_acts")
@@ -346,7 +346,7 @@ def test_kernel_specs_of_a_pass():
 
 
 class NumpyFftBackend:
-    """numpy stand-ins for what :class:`cc2ops.cuda.conv_fft.FftConv` calls.
+    """numpy stand-ins for what :class:`cc2ops.cuda.ops.conv.fft.FftConv` calls.
 
     GPUArrays become numpy arrays (complex buffers complex128, so that only
     the algorithm is checked, not rounding); the kernels are
@@ -355,10 +355,11 @@ class NumpyFftBackend:
     """
 
     def __init__(self, monkeypatch, chunk=None):
-        from cc2ops.cuda import array, blas
+        from cc2ops.cuda.libs import cublas as blas
+        from cc2ops.cuda.runtime import array
 
         mp = monkeypatch
-        mp.setattr(gconv, "_view", self.view)
+        mp.setattr(array, "view", self.view)
         mp.setattr(gconv, "_conv_igemm", lambda: None)  # no device queries
         mp.setattr(array, "empty", self.empty)
         mp.setattr(array, "fill", self.fill)
@@ -618,7 +619,7 @@ def test_kernel_stages_on_the_host(nvcc, tmp_path):
     """Each rendered kernel's __host__ __device__ stages, run block by block
     in the kernel's order (a stage's items all read before any writes where
     shared memory is overlaid), against the numpy kernel references."""
-    from cc2ops.cuda.compile import render
+    from cc2ops.cuda.runtime.compile import render
 
     def build_and_run(i):
         case = KERNEL_CASES[i]
@@ -666,7 +667,7 @@ def test_kernel_stages_on_the_host(nvcc, tmp_path):
 
 
 def _gpu(*arrays):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return tuple(array.to_gpu(a, 0) for a in arrays)
 
@@ -674,7 +675,7 @@ def _gpu(*arrays):
 def _check_passes(case, precisions, label, acc=False):
     """Every pass of ``case`` forced to ``fft`` against the float64 reference,
     on NaN-poisoned outputs (``CC2OPS_DEBUG=1``; the forward's ``out`` too)."""
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     b, c, f, hw, khw, pad, groups = case
     x, w, dy = _case(*case)
@@ -717,7 +718,7 @@ def debug(monkeypatch):
 @pytest.mark.gpu
 def test_kernels_on_the_device():
     """The transforms against the numpy kernel references."""
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     for case in KERNEL_CASES:
         kind, size, data, shift, conj, accumulate, q, n_fast, fs, ss = case
@@ -755,7 +756,7 @@ def test_uneven_chunks_on_the_device(debug, monkeypatch):
 
 @pytest.mark.gpu
 def test_fft_through_the_autotuner(tmp_path, monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     monkeypatch.setenv("CC2OPS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(at.AUTOTUNE_ENV, raising=False)

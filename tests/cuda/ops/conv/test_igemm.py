@@ -1,4 +1,4 @@
-"""The tensor-core implicit-GEMM convolution kernels (``cc2ops.cuda.conv_igemm``).
+"""The tensor-core implicit-GEMM convolution kernels (``cc2ops.cuda.ops.conv.igemm``).
 
 CPU tests (run everywhere): the kernels' index maps, emulated in numpy, compute
 the three passes exactly like the references of ``cc2ops.conv``; the fast
@@ -48,8 +48,8 @@ from cc2ops.conv import (
     conv_backward_filter_reference,
     conv_forward_reference,
 )
-from cc2ops.cuda import conv_igemm as ci
-from cc2ops.cuda.conv import ConvGeometry as Geom
+from cc2ops.cuda.ops.conv import igemm as ci
+from cc2ops.cuda.ops.conv.ops import ConvGeometry as Geom
 from cc2ops.shapes import conv_output_shape
 
 
@@ -514,8 +514,8 @@ def test_variants_are_valid_tiles():
 
 
 def test_kernel_names_carry_the_specialisation():
-    from cc2ops.cuda.compile import all_variants, kernel_name
-    from cc2ops.cuda.mode import load_gpu_op_modules
+    from cc2ops.cuda.ops import load_gpu_op_modules
+    from cc2ops.cuda.runtime.compile import all_variants, kernel_name
 
     load_gpu_op_modules()
     names = [c["name"] for f, c in all_variants() if f == "conv_igemm"]
@@ -779,7 +779,7 @@ def test_streamk_plan_and_rules(monkeypatch):
 
 
 def gconv_name(config):
-    from cc2ops.cuda import conv as gconv
+    from cc2ops.cuda.ops.conv import ops as gconv
 
     return gconv.Igemm(config).name
 
@@ -995,9 +995,9 @@ def _fake_device(capability):
 
 
 def test_wgmma_tiles_are_offered_on_compute_capability_9_0_only(monkeypatch):
-    from cc2ops.cuda import conv as gconv
-    from cc2ops.cuda import device as cdevice
-    from cc2ops.cuda.compile import kernel_arch
+    from cc2ops.cuda.ops.conv import ops as gconv
+    from cc2ops.cuda.runtime import device as cdevice
+    from cc2ops.cuda.runtime.compile import kernel_arch
 
     g = geom(8, 192, 13, 384, 3, 1, 1)  # AlexNet conv3
     for op in ("filter_acts", "image_acts"):
@@ -1035,7 +1035,7 @@ def test_wgmma_tiles_are_offered_on_compute_capability_9_0_only(monkeypatch):
 
 
 def test_wgmma_kernels_compile_for_sm_90a(tmp_path, monkeypatch):
-    from cc2ops.cuda.compile import (
+    from cc2ops.cuda.runtime.compile import (
         KernelCompileError,
         compile_cubin,
         kernel_arch,
@@ -1102,7 +1102,7 @@ def _run_host_harness(nvcc: str, tmp_path, source: str):
 def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     """The copy maps, swizzle and descriptor of the rendered kernel (its
     __host__ __device__ helpers, run on the CPU) against the numpy spec."""
-    from cc2ops.cuda.compile import render
+    from cc2ops.cuda.runtime.compile import render
 
     nvcc = needs_nvcc()
     g = geom(2, 64, 9, 64, 3, 1, 1)
@@ -1150,7 +1150,7 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
 def test_wgmma_wgrad_c_helpers_compute_the_numpy_spec(tmp_path):
     """wgradtm's copy map in the rendered kernel (wgmma_a_row, wgmma_a_k,
     wgmma_wgrad_k, run on the CPU) against :func:`ci.wgmma_load_map`."""
-    from cc2ops.cuda.compile import render
+    from cc2ops.cuda.runtime.compile import render
 
     nvcc = needs_nvcc()
     config = ci.WGMMA_WGRAD_TILES[1]  # 256 threads, bm 128, bn 64
@@ -1193,7 +1193,7 @@ def debug(monkeypatch):
 def _to_gpu_misaligned(a):
     """A C-contiguous GPU copy of ``a`` whose first element is 4 bytes past a
     16-byte boundary (a view into a larger allocation)."""
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     flat = np.zeros(a.size + 1, np.float32)
     flat[1:] = a.ravel()
@@ -1203,7 +1203,7 @@ def _to_gpu_misaligned(a):
 
 
 def run_gpu(op, g, precision, config=None, seed=0, splits=None, misaligned=False):
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     x, w, dy = tensors(g, seed)
     args = {
@@ -1344,7 +1344,7 @@ def test_gpu_weight_acts_split_k_is_deterministic(debug):
 
 
 def needs_wgmma():
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     cap = tuple(get_device(0).compute_capability)
     if cap != ci.WGMMA_CAPABILITY:
@@ -1409,8 +1409,8 @@ def test_gpu_wgmma_through_the_conv_ops_and_accumulate(config, debug):
     """The tiles are candidates on this device; forced by name, image_acts
     adds into an accumulator (the only scaling the epilogue supports: beta
     = 1) and filter_acts writes into a given output."""
-    from cc2ops.cuda import array as garray
-    from cc2ops.cuda import conv as gconv
+    from cc2ops.cuda.ops.conv import ops as gconv
+    from cc2ops.cuda.runtime import array as garray
 
     needs_wgmma()
     # 96 channels and filters: the 192-row tiles are candidates of both passes
@@ -1441,7 +1441,7 @@ def test_gpu_wgmma_through_the_conv_ops_and_accumulate(config, debug):
 
 @pytest.mark.gpu
 def test_gpu_wgmma_rejected_off_compute_capability_9_0(debug):
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     if tuple(get_device(0).compute_capability) == ci.WGMMA_CAPABILITY:
         pytest.skip("device 0 runs the wgmma tiles")
@@ -1543,8 +1543,8 @@ def test_gpu_wgmma_wgrad_through_the_conv_ops_and_accumulate(config, debug):
     """The tiles are weight_acts candidates on this device (TF32 only);
     forced by name, weight_acts adds into an accumulator (Igemm's scratch
     and add, as for every tile) and writes a fresh output."""
-    from cc2ops.cuda import array as garray
-    from cc2ops.cuda import conv as gconv
+    from cc2ops.cuda.ops.conv import ops as gconv
+    from cc2ops.cuda.runtime import array as garray
 
     needs_wgmma()
     g = geom(5, 48, (9, 7), 160, (3, 2), 2, 1, groups=2)  # 80 filters per group
@@ -1607,7 +1607,7 @@ def test_gpu_misaligned_operands_use_4_byte_copies(op, debug):
 
 @pytest.mark.gpu
 def test_gpu_rejects_wrong_shapes(debug):
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     g = geom(2, 3, 5, 4, 3, 1, 1)
     x, w, _ = tensors(g)
@@ -1650,7 +1650,7 @@ def test_shapes_table_is_consistent():
 
 
 def test_accepts_the_conv_ops_geometry_record():
-    from cc2ops.cuda.conv import ConvGeometry
+    from cc2ops.cuda.ops.conv.ops import ConvGeometry
 
     g = ConvGeometry(**vars(geom(3, 6, (7, 5), 4, (3, 2), 1, 1, 2)))
     assert ci.supports("filter_acts", g, np.float32, "fp32")

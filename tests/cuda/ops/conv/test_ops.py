@@ -34,10 +34,9 @@ from cc2ops.conv import (
     conv_backward_filter_reference,
     conv_forward_reference,
 )
-from cc2ops.cuda import autotune as at
-from cc2ops.cuda import conv as gconv
-from cc2ops.cuda.compile import all_variants
-from cc2ops.cuda.conv import (
+from cc2ops.cuda.ops import load_gpu_op_modules
+from cc2ops.cuda.ops.conv import ops as gconv
+from cc2ops.cuda.ops.conv.ops import (
     ConvGeometry,
     GpuFilterActs,
     GpuImageActs,
@@ -45,7 +44,8 @@ from cc2ops.cuda.conv import (
     geometry_of,
     plan_chunk,
 )
-from cc2ops.cuda.mode import load_gpu_op_modules
+from cc2ops.cuda.runtime import autotune as at
+from cc2ops.cuda.runtime.compile import all_variants
 from cc2ops.cuda.type import CudaArrayType
 
 F32, F64 = "float32", "float64"
@@ -191,7 +191,7 @@ def test_accumulate_rewrite_on_the_linked_graph(monkeypatch):
     assert node.op.destroy_map == {0: [3]}
     other = node.inputs[3].owner
     assert isinstance(other.op, GpuWeightActs) and not other.op.accumulate
-    from cc2ops.cuda.elemwise import GpuElemwise
+    from cc2ops.cuda.ops.tensor.elemwise import GpuElemwise
 
     for n in fg.apply_nodes:
         if isinstance(n.op, GpuElemwise):
@@ -204,7 +204,7 @@ def test_accumulate_rewrite_on_the_linked_graph(monkeypatch):
 def test_accumulate_rewrite_leaves_protected_inputs_alone(monkeypatch):
     import pytensor.scalar as ps
 
-    from cc2ops.cuda.elemwise import GpuElemwise
+    from cc2ops.cuda.ops.tensor.elemwise import GpuElemwise
 
     x = gvar((2, 3, 6, 6), name="x")
     dy = gvar((2, 4, 4, 4), name="dy")
@@ -582,16 +582,17 @@ class NumpyBackend:
 
     GPUArrays become numpy arrays (views keep numpy's offsets and strides);
     each kernel is reimplemented from its specification in
-    ``kernels/conv_im2col.cu`` and cuBLAS from ``cc2ops.cuda.blas``'s
+    ``kernels/conv_im2col.cu`` and cuBLAS from ``cc2ops.cuda.libs.cublas``'s
     docstrings. What this checks is the Python side: chunking, buffer views,
     GEMM shapes, transposes and layouts, beta handling.
     """
 
     def __init__(self, monkeypatch):
-        from cc2ops.cuda import array, blas
+        from cc2ops.cuda.libs import cublas as blas
+        from cc2ops.cuda.runtime import array
 
         mp = monkeypatch
-        mp.setattr(gconv, "_view", self.view)
+        mp.setattr(array, "view", self.view)
         mp.setattr(gconv, "_im2col", self.im2col)
         mp.setattr(gconv, "_col2im", self.col2im)
         mp.setattr(gconv, "_swap01", self.swap01)
@@ -793,7 +794,7 @@ def _run_pass(name, gx, gw, gdy, hw, khw, params, algorithm, precision, dtype=F3
 
 
 def _check_every_algorithm(case, precisions, label, monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     monkeypatch.setenv("CC2OPS_DEBUG", "1")
     b, c, f, hw, khw, stride, padding, groups = case
@@ -833,7 +834,7 @@ def test_alexnet_layers_every_algorithm(layer, monkeypatch):
 
 @pytest.mark.gpu
 def test_float64_every_algorithm(monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     monkeypatch.setenv("CC2OPS_DEBUG", "1")
     case = (3, 6, 4, (9, 7), (3, 2), (2, 1), (1, 1), 2)
@@ -855,7 +856,7 @@ def test_float64_every_algorithm(monkeypatch):
 
 @pytest.mark.gpu
 def test_accumulate_every_algorithm(monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     monkeypatch.setenv("CC2OPS_DEBUG", "1")
     case = (5, 4, 6, (8, 7), (3, 3), (1, 2), (1, 0), 2)
@@ -981,7 +982,7 @@ def test_c01b_in_gpu_mode():
 
 @pytest.mark.gpu
 def test_autotune_on_the_device(tmp_path, monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     monkeypatch.setenv("CC2OPS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(at.AUTOTUNE_ENV, raising=False)

@@ -28,8 +28,8 @@ from pytensor.tensor.subtensor import IncSubtensor, Subtensor
 from pytensor.tensor.type import integer_dtypes
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import basic
-from cc2ops.cuda.basic import (
+from cc2ops.cuda.ops.tensor import basic
+from cc2ops.cuda.ops.tensor.basic import (
     GpuAlloc,
     GpuAllocEmpty,
     GpuCheckAndRaise,
@@ -350,7 +350,7 @@ def gpu_fn(build, *arrays):
     ``host_from_gpu(gpu_from_host(v))`` are cancelled back to ``v``
     (``local_cancel_host_gpu_host``) and would leave the graph on the host.
     """
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     syms = gpu_inputs(*arrays)
     outs = build(*[cuda.host_from_gpu(s) for s in syms])
@@ -479,7 +479,7 @@ def _grad_graph(h):
 
 @pytest.mark.gpu
 def test_views_share_memory_and_match_numpy(debug):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     x = rng(1).standard_normal((5, 6, 7)).astype("float32")
     g = array.to_gpu(x, 0)
@@ -517,7 +517,7 @@ def test_views_share_memory_and_match_numpy(debug):
     ],
 )
 def test_contiguous_uses_the_tiled_transpose(shape, perm, dtype, debug, monkeypatch):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     calls = []
     real = basic._launch_transpose
@@ -535,7 +535,7 @@ def test_contiguous_uses_the_tiled_transpose(shape, perm, dtype, debug, monkeypa
 
 @pytest.mark.gpu
 def test_strided_assign_set_inc_and_broadcast(debug):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     x = rng(3).standard_normal((6, 7, 8)).astype("float64")
     y = rng(4).standard_normal((7, 1)).astype("float64")
@@ -577,7 +577,7 @@ def test_compiled_structural_graph_matches_numpy(debug):
 
 @pytest.mark.gpu
 def test_split_join_and_assert_at_run_time(debug):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     x = rng(7).standard_normal((7, 3)).astype("float32")
     fn, (b, j, c) = gpu_fn(split_join_assert_graph, x)
@@ -609,7 +609,7 @@ def test_verify_grad_through_structural_gpu_ops():
 @pytest.mark.gpu
 def test_basic_sanitize(debug):
     """Small launches of the transpose and strided set/inc kernels."""
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     x = rng(9).standard_normal((3, 37, 41)).astype("float32")
     g = array.to_gpu(x, 0)

@@ -14,9 +14,9 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import basic
-from cc2ops.cuda.basic import GpuDimShuffle
-from cc2ops.cuda.blas_ops import (
+from cc2ops.cuda.ops.tensor import basic
+from cc2ops.cuda.ops.tensor.basic import GpuDimShuffle
+from cc2ops.cuda.ops.tensor.blas import (
     GpuBatchedDot,
     GpuDot,
     GpuDot22,
@@ -114,7 +114,7 @@ def test_batched_gemm_shape_and_layout_rules():
     (cuBLAS's ldc and batch stride, in elements), on array-likes: no GPU."""
     from types import SimpleNamespace
 
-    from cc2ops.cuda import blas
+    from cc2ops.cuda.libs import cublas as blas
 
     def arr(shape, strides):
         return SimpleNamespace(shape=shape, strides=strides, gpudata=4096)
@@ -185,7 +185,7 @@ def gpu_function(build, *arrays):
     value (``local_cancel_host_gpu_host``) and the graph would stay on the
     host. Returns the function and the GPU arrays to call it with.
     """
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     syms = [gvar((None,) * a.ndim, dtype=str(a.dtype), name=f"in{k}")
             for k, a in enumerate(arrays)]  # fmt: skip
@@ -246,7 +246,7 @@ def test_products_match_numpy_with_transposed_inputs(dtype, debug, monkeypatch):
 
 @pytest.mark.gpu
 def test_gemv_ger_batched_and_scalar_ops(debug):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     r = rng(2)
     A = r.standard_normal((6, 4)).astype("float64")  # noqa: N806

@@ -23,16 +23,16 @@ from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.tensor.elemwise import Elemwise
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import elemwise as ew
-from cc2ops.cuda.compile import all_variants, render
-from cc2ops.cuda.elemwise import (
+from cc2ops.cuda.ops import load_gpu_op_modules
+from cc2ops.cuda.ops.tensor import elemwise as ew
+from cc2ops.cuda.ops.tensor.elemwise import (
     GpuElemwise,
     collapse_dims,
     elemwise_consts,
     scalar_code,
     scalar_code_reason,
 )
-from cc2ops.cuda.mode import load_gpu_op_modules
+from cc2ops.cuda.runtime.compile import all_variants, render
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
 
 F32 = "float32"
@@ -355,7 +355,7 @@ def debug(monkeypatch):
 
 def run_gpu(build, arrays, *, shapes=None):
     """Compile ``build(*host views of GPU inputs)`` in the GPU mode and run it."""
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     syms = []
     for k, a in enumerate(arrays):
@@ -437,7 +437,7 @@ def test_switch_and_casts(debug):
 
 @gpu
 def test_non_contiguous_inputs(debug):
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     a = rand((8, 12), seed=4)
     b = rand((8, 6), seed=5)
@@ -517,7 +517,7 @@ def test_verify_grad_through_gpu_elemwise():
 
 @gpu
 def test_elemwise_sanitize(debug):
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     a, b = rand((9, 33), seed=9), rand((1, 33), seed=10)
     (got,) = run_gpu(

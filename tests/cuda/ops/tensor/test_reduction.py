@@ -21,9 +21,8 @@ from pytensor.tensor.elemwise import CAReduce
 from pytensor.tensor.math import Argmax, Max, Min, Sum
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import reduction as red
-from cc2ops.cuda.compile import all_variants, render
-from cc2ops.cuda.reduction import (
+from cc2ops.cuda.ops.tensor import reduction as red
+from cc2ops.cuda.ops.tensor.reduction import (
     GpuArgmax,
     GpuCAReduce,
     argmax_consts,
@@ -31,6 +30,7 @@ from cc2ops.cuda.reduction import (
     reduction_consts,
     split_geometry,
 )
+from cc2ops.cuda.runtime.compile import all_variants, render
 from cc2ops.cuda.type import CudaArrayType
 
 F32 = "float32"
@@ -304,7 +304,7 @@ def test_large_full_sum_is_split(debug):
 
 @gpu
 def test_column_sum_and_strided_views(debug):
-    from cc2ops.cuda import array as garray
+    from cc2ops.cuda.runtime import array as garray
 
     v = np.random.default_rng(5).standard_normal((300, 70)).astype(F32)
     fn = compile_gpu(lambda x: x.sum(axis=0), 2)

@@ -14,8 +14,8 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.tensor.special import LogSoftmax, Softmax, log_softmax, softmax
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import softmax as gsoftmax
-from cc2ops.cuda.softmax import GpuLogSoftmax, GpuSoftmax, GpuSoftmaxGrad
+from cc2ops.cuda.ops.tensor import softmax as gsoftmax
+from cc2ops.cuda.ops.tensor.softmax import GpuLogSoftmax, GpuSoftmax, GpuSoftmaxGrad
 from cc2ops.cuda.transfer import HostFromGpu
 from cc2ops.cuda.type import CudaArrayType
 
@@ -78,7 +78,7 @@ def ref_log_softmax(x, axis):
 
 
 def run(op, *arrays):
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     syms = [CudaArrayType(a.dtype, (None,) * a.ndim, 0)() for a in arrays]
     fn = pytensor.function(syms, cuda.host_from_gpu(op(*syms)), mode=cuda.mode())

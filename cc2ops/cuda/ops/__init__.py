@@ -1,0 +1,38 @@
+"""The GPU ops, one module (or package) per family, above the GPU graph core.
+
+Families of cc2ops: :mod:`~.conv`, :mod:`~.pool`, :mod:`~.response_norm`,
+:mod:`~.softmax_loss`, :mod:`~.dropout`; GPU ports of PyTensor's ops:
+:mod:`~.tensor`. Each module registers, when imported, its lifting rules
+(:func:`cc2ops.cuda.rewriting.lift.register_lift`) and kernel variants
+(:func:`cc2ops.cuda.runtime.compile.register_variants`); importing this package
+imports every one of them, by name, so there is no scan and a new family is
+added to the list below.
+"""
+
+from __future__ import annotations
+
+from cc2ops.cuda.ops import (  # noqa: F401  (each registers its rules at import)
+    conv,
+    dropout,
+    pool,
+    response_norm,
+    softmax_loss,
+    tensor,
+)
+
+__all__ = ["MODULES", "load_gpu_op_modules"]
+
+#: Every module that registers GPU ops, lifting rules or kernel variants.
+MODULES = (
+    *tensor.MODULES,
+    *conv.MODULES,
+    pool,
+    response_norm,
+    softmax_loss,
+    dropout,
+)
+
+
+def load_gpu_op_modules() -> list[str]:
+    """The names of :data:`MODULES` (all imported with this package)."""
+    return [m.__name__ for m in MODULES]
