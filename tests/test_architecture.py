@@ -153,4 +153,5 @@ def test_every_gpu_op_module_is_listed():
         for p in (ROOT / "cc2ops" / "cuda" / "ops").rglob("*.py")
         if p.name != "__init__.py"
     }
-    assert on_disk == set(load_gpu_op_modules())
+    listed = {m for m in load_gpu_op_modules() if m.startswith("cc2ops.cuda.ops.")}
+    assert on_disk == listed

@@ -19,11 +19,15 @@ from cc2ops.cuda.ops import (  # noqa: F401  (each registers its rules at import
     softmax_loss,
     tensor,
 )
+from cc2ops.cuda.runtime import array, profile  # register the copy/fill/spin kernels
 
 __all__ = ["MODULES", "load_gpu_op_modules"]
 
-#: Every module that registers GPU ops, lifting rules or kernel variants.
+#: Every module that registers GPU ops, lifting rules or kernel variants (the
+#: runtime's copy, fill and spin kernels included, for the compile test).
 MODULES = (
+    array,
+    profile,
     *tensor.MODULES,
     *conv.MODULES,
     pool,

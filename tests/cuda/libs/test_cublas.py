@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import rel_err, rng
 
 import cc2ops.cuda as cuda
 from cc2ops.cuda.libs import cublas as blas
@@ -20,18 +21,6 @@ pytestmark = pytest.mark.gpu
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def rel_err(got, want):
-    # complex results compare both parts (a float64 cast would drop the imaginary)
-    complex_ = np.iscomplexobj(got) or np.iscomplexobj(want)
-    dt = np.complex128 if complex_ else np.float64
-    want = np.asarray(want, dtype=dt)
-    return float(np.linalg.norm(np.asarray(got, dt) - want) / np.linalg.norm(want))
 
 
 def g(x):

@@ -14,6 +14,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from helpers import close, rng, to_gpu
 from pytensor.compile.aliasing import add_supervisor_to_fgraph
 from pytensor.compile.io import SymbolicInput
 from pytensor.gradient import verify_grad
@@ -262,36 +263,10 @@ SWEEP = [
 ]
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    """Every new GPU array is filled with NaN before a kernel writes it."""
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def to_gpu(a):
-    from cc2ops.cuda.runtime import array
-
-    return array.to_gpu(a, 0)
-
-
 def to_host(g):
     from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
-
-
-def close(got, want, dtype, label):
-    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
-    assert str(got.dtype) == str(dtype), f"{label}: dtype {got.dtype}"
-    assert np.isfinite(got).all(), f"{label}: non-finite values (unwritten?)"
-    tol = 1e-5 if dtype == "float32" else 1e-12
-    den = max(np.linalg.norm(want), 1e-30)
-    err = np.linalg.norm(got.astype(np.float64) - want) / den
-    assert err < tol, f"{label}: relative error {err:.3g}"
 
 
 def run_family(b, c, h, w, size, stride, start, dtype, seed=0, ties=False):

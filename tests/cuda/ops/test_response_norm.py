@@ -9,10 +9,14 @@ not, channel counts 1..64 (odd ones included), with NaN-poisoned outputs
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from helpers import close as gpu_close
+from helpers import rng, to_gpu
 from pytensor.compile.aliasing import add_supervisor_to_fgraph
 from pytensor.compile.io import SymbolicInput
 from pytensor.gradient import verify_grad
@@ -35,6 +39,8 @@ from cc2ops.response_norm import (
     cross_map_norm_grad_reference,
     cross_map_norm_reference,
 )
+
+close = functools.partial(gpu_close, tol32=2e-6)
 
 PARAMS = dict(size=5, alpha=1e-4, beta=0.75, k=2.0, blocked=False)
 
@@ -219,34 +225,10 @@ def test_channel_chunks():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def to_gpu(a):
-    from cc2ops.cuda.runtime import array
-
-    return array.to_gpu(a, 0)
-
-
 def to_host(g):
     from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
-
-
-def close(got, want, dtype, label):
-    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
-    assert str(got.dtype) == str(dtype), f"{label}: dtype {got.dtype}"
-    assert np.isfinite(got).all(), f"{label}: non-finite values (unwritten?)"
-    tol = 2e-6 if dtype == "float32" else 1e-12
-    err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
-    assert err < tol, f"{label}: relative error {err:.3g}"
 
 
 def run_case(b, c, h, w, params, dtype, seed=0):

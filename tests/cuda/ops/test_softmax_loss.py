@@ -13,10 +13,14 @@ cover the host's choice of chunks and load width.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from helpers import close as gpu_close
+from helpers import rng, to_gpu
 from pytensor.compile.aliasing import add_supervisor_to_fgraph
 from pytensor.compile.io import SymbolicInput
 from pytensor.gradient import verify_grad
@@ -43,6 +47,8 @@ from cc2ops.softmax_loss import (
     top_k_error,
     top_k_error_reference,
 )
+
+close = functools.partial(gpu_close, tol32=2e-6)
 
 HOST_OPS = {SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, TopKError}
 
@@ -247,35 +253,10 @@ def test_forward_splits_argument_is_checked():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def to_gpu(a):
-    from cc2ops.cuda.runtime import array
-
-    return array.to_gpu(a, 0)
-
-
 def to_host(g):
     from cc2ops.cuda.runtime import array
 
     return array.to_host(g)
-
-
-def close(got, want, dtype, label, tol=None):
-    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
-    assert str(got.dtype) == str(dtype), f"{label}: dtype {got.dtype}"
-    assert np.isfinite(got).all(), f"{label}: non-finite values (unwritten?)"
-    tol = tol or (2e-6 if dtype == "float32" else 1e-12)
-    den = np.linalg.norm(want)
-    err = np.linalg.norm(got.astype(np.float64) - want) / (den if den else 1.0)
-    assert err < tol, f"{label}: relative error {err:.3g}"
 
 
 def make_case(b, k, dtype, scale, seed=0):

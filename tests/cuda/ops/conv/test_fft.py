@@ -22,7 +22,7 @@ from multiprocessing.pool import ThreadPool
 
 import numpy as np
 import pytest
-from helpers import needs_nvcc, rng
+from helpers import needs_nvcc, rel_err, rng
 
 from cc2ops.conv import (
     conv_backward_data_reference,
@@ -64,10 +64,6 @@ ALEXNET = [
     ("conv4", 384, 256, 13, 3, 1),
     ("conv5", 256, 256, 13, 3, 1),
 ]
-
-
-def rel_err(got, want):
-    return at.rel_norm_error(got, want)
 
 
 def geom(b, c, f, hw, khw, pad, groups=1, stride=(1, 1)):
@@ -708,11 +704,6 @@ def _check_passes(case, precisions, label, acc=False):
                 assert out is gacc, f"{where}: accumulate not in place"
                 err = rel_err(array.to_host(out), refs[name] + acc0)
                 assert err < TOL[precision], f"{where} accumulate: rel err {err:.3g}"
-
-
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")  # array.empty poisons with NaN
 
 
 @pytest.mark.gpu

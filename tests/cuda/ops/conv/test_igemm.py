@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import needs_nvcc
+from helpers import needs_nvcc, rel_err
 
 from cc2ops.conv import (
     conv_backward_data_reference,
@@ -92,12 +92,6 @@ def reference(op: str, g: Geom, x, w, dy) -> np.ndarray:
 def operands(op: str, x, w, dy):
     """(A's tensor, B's tensor) of a pass."""
     return {"filter_acts": (w, x), "image_acts": (w, dy), "weight_acts": (dy, x)}[op]
-
-
-def rel_err(got, want) -> float:
-    want = np.asarray(want, np.float64)
-    diff = np.linalg.norm(np.asarray(got, np.float64) - want)
-    return float(diff / max(np.linalg.norm(want), 1e-30))
 
 
 #: Every mma.sync tile the autotuner may run (the structural checks apply to all).
@@ -1183,11 +1177,6 @@ int main()
 RUN = {"filter_acts": ci.filter_acts, "image_acts": ci.image_acts}
 RUN["weight_acts"] = ci.weight_acts
 TOL = {"tf32": 5e-3, "fp32": 1e-5}
-
-
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")  # new GPU outputs are NaN-filled
 
 
 def _to_gpu_misaligned(a):

@@ -20,7 +20,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from helpers import check_grad, rng
+from helpers import check_grad, rel_err, rng
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.rewriting.utils import rewrite_graph
 
@@ -755,10 +755,6 @@ ALEXNET = [
 ]
 TOL = {"fp32": 1e-5, "tf32": 5e-3}
 PASSES = ("filter_acts", "image_acts", "weight_acts")
-
-
-def rel_err(got, want):
-    return at.rel_norm_error(got, want)
 
 
 def _case(b, c, f, hw, khw, stride, padding, groups, seed=0):

@@ -14,6 +14,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from helpers import rng
 from pytensor.compile.aliasing import add_supervisor_to_fgraph
 from pytensor.compile.io import SymbolicInput
 from pytensor.gradient import verify_grad
@@ -324,15 +325,6 @@ def test_kernel_names_carry_the_specialisation():
 # --------------------------------------------------------------------------
 # GPU
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
 
 
 def gpu_inputs(*arrays):

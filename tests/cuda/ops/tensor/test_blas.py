@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytensor.tensor.blas as host_blas
 import pytest
+from helpers import close as gpu_close
+from helpers import rng
 from pytensor.compile.aliasing import add_supervisor_to_fgraph
 from pytensor.compile.io import SymbolicInput
 from pytensor.gradient import verify_grad
@@ -32,6 +36,8 @@ HOST_BLAS = tuple(
     for n in ("Dot22", "Dot22Scalar", "Gemm", "Gemv", "Ger", "BatchedDot")
     if hasattr(host_blas, n)
 )
+
+close = functools.partial(gpu_close, check_dtype=False)
 
 
 def gvar(shape=(None, None), dtype="float32", device=0, name="x"):
@@ -168,15 +174,6 @@ def test_make_node_errors():
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
 def gpu_function(build, *arrays):
     """Compile ``build(*host views of GPU inputs)`` in the GPU mode.
 
@@ -193,15 +190,6 @@ def gpu_function(build, *arrays):
     fn = pytensor.function(syms, outs, mode=cuda.mode())
     assert not op_types(fn.maker.fgraph) & set(HOST_BLAS), op_types(fn.maker.fgraph)
     return fn, [array.to_gpu(a, 0) for a in arrays]
-
-
-def close(got, want, dtype, label):
-    got = np.asarray(got)
-    assert got.shape == want.shape, label
-    assert np.isfinite(got).all(), label
-    tol = 1e-5 if dtype == "float32" else 1e-12
-    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-    assert err < tol, f"{label}: relative error {err}"
 
 
 @pytest.mark.gpu

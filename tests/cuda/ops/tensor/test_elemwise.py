@@ -348,11 +348,6 @@ def test_inplace_rewrite_is_registered():
 gpu = pytest.mark.gpu
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
 def run_gpu(build, arrays, *, shapes=None):
     """Compile ``build(*host views of GPU inputs)`` in the GPU mode and run it."""
     from cc2ops.cuda.runtime import array as garray

@@ -217,11 +217,6 @@ def test_reduction_gradient_stays_on_the_gpu():
 gpu = pytest.mark.gpu
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
 SHAPES = {1: (37,), 2: (5, 129), 3: (3, 7, 65), 4: (2, 3, 5, 33)}
 REDUCERS = {
     "sum": (lambda x, a: x.sum(axis=a), lambda v, a: v.astype(np.float64).sum(a)),

@@ -61,11 +61,6 @@ def test_kernel_variants_are_named_by_op_and_dtype():
     assert "row_softmax_f32_b256" in names and "row_softmax_grad_f64_b256" in names
 
 
-@pytest.fixture
-def debug(monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-
-
 def ref_softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
