@@ -81,6 +81,7 @@ from cc2ops.cuda.runtime.device import (
     ptr,
     register_shutdown_hook,
 )
+from cc2ops.cuda.runtime.signature import check_arguments, kernel_signatures
 
 __all__ = [
     "KERNEL_DIR",
@@ -560,6 +561,8 @@ _load_lock = threading.RLock()
 _modules: dict[tuple, Any] = {}
 _functions: dict[tuple, Any] = {}
 _functions_fast: dict[tuple, Any] = {}
+#: id(module in _modules) -> its kernels' declared parameters (signature.py)
+_signatures: dict[int, dict[str, Any]] = {}
 _hook_registered = False
 
 
@@ -583,6 +586,7 @@ def _clear_loaded() -> None:
         cache.clear()
     _functions.clear()
     _functions_fast.clear()
+    _signatures.clear()
     _modules.clear()
 
 
@@ -614,9 +618,11 @@ def get_module(
         if mod is not None:
             return mod
         arch = kernel_arch(family, dev.arch, **consts)
-        cubin = compile_cubin(render(family, **consts), arch, tuple(options))
+        source = render(family, **consts)
+        cubin = compile_cubin(source, arch, tuple(options))
         dev.activate()
         mod = driver().module_from_buffer(cubin)
+        _signatures[id(mod)] = kernel_signatures(source)
         _modules[key] = mod
         if not _hook_registered:
             register_shutdown_hook(_clear_loaded)
@@ -681,6 +687,11 @@ def get_kernel(
                 f"get_kernel({family}): the compiled module has no kernel {name!r} "
                 f"({e})"
             ) from e
+        # what launch checks the packed arguments against (signature.py); the
+        # compile test checks every registered variant declares its kernels
+        params = _signatures.get(id(mod), {}).get(name)
+        fn._cc2ops_name = name
+        fn._cc2ops_params = params
         _functions[key] = fn
         if fast is not None:
             _functions_fast[fast] = fn
@@ -768,7 +779,11 @@ def launch(
         A grid with a zero extent launches nothing.
     args : sequence
         GPUArrays (passed as their device pointer, offset included), pycuda
-        allocations, or numpy scalars of the kernel's parameter types.
+        allocations, or numpy scalars of the kernel's parameter types. Their
+        count and types are checked against the kernel's ``extern "C"``
+        signature (:mod:`cc2ops.cuda.runtime.signature`) the first time a
+        kernel is launched with a given argument format: a mismatch raises
+        ``TypeError`` naming the kernel, the argument and both types.
     device : int
         Device label.
     shared_mem : int
@@ -791,6 +806,12 @@ def launch(
         return
     dev.activate()
     if getattr(fn, "_cc2ops_arg_format", None) != fmt:
+        # once per kernel and argument format: the packed types against the
+        # argument list the kernel's source declares (a Function that did not
+        # come from get_kernel has none, and is launched as packed)
+        params = getattr(fn, "_cc2ops_params", None)
+        if params is not None:
+            check_arguments(fn._cc2ops_name, params, types)
         fn.prepare(types)
         fn._cc2ops_arg_format = fmt
     if shared_mem > 48 * 1024 and getattr(fn, "_cc2ops_dyn_smem", 0) < shared_mem:
