@@ -151,7 +151,8 @@ def test_every_gpu_op_module_is_listed():
     on_disk = {
         ".".join(p.relative_to(ROOT).with_suffix("").parts)
         for p in (ROOT / "cc2ops" / "cuda" / "ops").rglob("*.py")
-        if p.name != "__init__.py"
+        # twins.py is the conv kernels' numpy test oracle: it registers nothing
+        if p.name not in ("__init__.py", "twins.py")
     }
     listed = {m for m in load_gpu_op_modules() if m.startswith("cc2ops.cuda.ops.")}
     assert on_disk == listed

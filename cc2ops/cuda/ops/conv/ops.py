@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -590,10 +591,9 @@ class Igemm:
         mod = _conv_igemm()
         if mod is None or precision not in ("fp32", "tf32"):
             return False
-        try:
-            return bool(mod.supports(op, g, np.dtype(dtype), precision))
-        except Exception:  # a broken candidate must not break convolution
-            return False
+        # supports() answers False for anything it cannot run; an exception
+        # there is a bug to see, not a candidate to skip
+        return bool(mod.supports(op, g, np.dtype(dtype), precision))
 
     def kernel_specs(
         self, op: str, g: ConvGeometry, dtype: Any, precision: str
@@ -601,7 +601,7 @@ class Igemm:
         """The kernels this tile launches for ``op`` on ``g`` (16-byte aligned
         operands, as the device pool allocates them), and the accumulate helper."""
         mod = _conv_igemm()
-        if mod is None or not hasattr(mod, "kernel_spec"):
+        if mod is None:
             return []
         dt = str(np.dtype(dtype))
         return [
@@ -663,13 +663,7 @@ def _candidates(
             from cc2ops.cuda.runtime.device import get_device
 
             capability = tuple(get_device(device).compute_capability)
-        configs: list[Any] = [None]
-        variants = getattr(mod, "variants", None)
-        if variants is not None:
-            try:
-                configs = list(variants(op, g, precision, capability)) or [None]
-            except Exception:  # a broken candidate must not break convolution
-                configs = [None]
+        configs = list(mod.variants(op, g, precision, capability)) or [None]
         out.extend(Igemm(c) for c in configs)
     return out
 
@@ -731,6 +725,8 @@ def chosen_algorithm(
 
 
 _TUNER: Any = None
+#: Decided choices per tuner (a fresh tuner, as a test makes, starts empty).
+_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _tuner() -> Any:
@@ -794,14 +790,15 @@ def _choose(
 ) -> Any:
     """The algorithm to run: forced, or chosen by the autotuner.
 
-    A decided choice is remembered on the tuner per (op, geometry, dtype,
-    precision, device, forced name, autotune switch), so later calls skip the
-    candidate enumeration and the key's JSON (a fresh tuner forgets them).
+    A decided choice is remembered per tuner (:data:`_CHOICES`) and (op,
+    geometry, dtype, precision, device, forced name, autotune switch), so later
+    calls skip the candidate enumeration and the key's JSON (a fresh tuner
+    forgets them).
     """
     from cc2ops.cuda.runtime.autotune import autotune_enabled
 
     tuner = _tuner()
-    memo = tuner.__dict__.setdefault("_conv_choices", {})
+    memo = _CHOICES.setdefault(tuner, {})
     mkey = (op, g, str(dtype), precision, device, algorithm, autotune_enabled())
     hit = memo.get(mkey)
     if hit is not None:

@@ -49,6 +49,7 @@ from cc2ops.conv import (
     conv_forward_reference,
 )
 from cc2ops.cuda.ops.conv import igemm as ci
+from cc2ops.cuda.ops.conv import twins as tw
 from cc2ops.cuda.ops.conv.ops import ConvGeometry as Geom
 from cc2ops.shapes import conv_output_shape
 
@@ -126,7 +127,7 @@ def test_emulated_index_maps_match_the_references(op, label):
     x, w, dy = tensors(g, dtype=np.float64)
     want = reference(op, g, x, w, dy)
     for config in (ci.TILES[0], ci.TILES[4]):
-        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        got = tw.emulate(op, g, *operands(op, x, w, dy), config=config)
         assert got.shape == want.shape, (label, op)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=label)
 
@@ -137,7 +138,7 @@ def test_emulated_split_k_slices_sum_to_weight_acts(splits):
     x, w, dy = tensors(g, dtype=np.float64)
     want = reference("weight_acts", g, x, w, dy)
     config = ci.TileConfig(32, 128, 8, 1, 4)  # bk 8: enough k tiles to slice
-    got = ci.emulate("weight_acts", g, dy, x, config=config, splits=splits)
+    got = tw.emulate("weight_acts", g, dy, x, config=config, splits=splits)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -161,17 +162,17 @@ def test_emulated_tapmajor_index_maps_match_the_references(op, label):
     tiles = [t for t in ci.TAP_TILES if ci.tapmajor_ok(op, g, t)]
     assert tiles, label
     for config in tiles:
-        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        got = tw.emulate(op, g, *operands(op, x, w, dy), config=config)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
 
 
 def test_permuted_weights_and_when_tapmajor_applies():
     g = geom(2, 64, 9, 32, (3, 2), 1, 1, 2)  # Cg 32, Fg 16
     w = np.arange(32 * 32 * 6, dtype=np.float64).reshape(32, 32, 3, 2)
-    wp = ci.permuted_weights("filter_acts", g, w)
+    wp = tw.permuted_weights("filter_acts", g, w)
     assert wp.shape == (32, 6 * 32)
     assert wp[5, 4 * 32 + 7] == w[5, 7, 2, 0]  # tap 4 = (u 2, v 0), channel 7
-    wq = ci.permuted_weights("image_acts", g, w)
+    wq = tw.permuted_weights("image_acts", g, w)
     assert wq.shape == (2, 32, 6 * 16)
     assert wq[1, 3, 5 * 16 + 9] == w[16 + 9, 3, 2, 1]
     t16, t32 = ci.TAP_TILES[0], ci.TAP_TILES[1]
@@ -195,7 +196,7 @@ def test_emulated_batch_129_alexnet_conv3_slice():
     g = geom(129, 6, 13, 5, 3, 1, 1)
     x, w, dy = tensors(g, dtype=np.float64)
     for op in ci.OPS:
-        got = ci.emulate(op, g, *operands(op, x, w, dy))
+        got = tw.emulate(op, g, *operands(op, x, w, dy))
         np.testing.assert_allclose(
             got, reference(op, g, x, w, dy), rtol=1e-11, atol=1e-10
         )
@@ -211,7 +212,7 @@ def test_fastdiv_matches_floor_division():
     for d in divisors:
         magic, shift = ci.fastdiv_magic(int(d))
         assert 0 < magic < 2**32 and 0 <= shift <= 31
-        got = ci.fastdiv(n, magic, shift)
+        got = tw.fastdiv(n, magic, shift)
         np.testing.assert_array_equal(got, n // int(d), err_msg=f"d={d}")
     with pytest.raises(ValueError, match="divisor must be in"):
         ci.fastdiv_magic(0)
@@ -223,7 +224,7 @@ def test_load_maps_cover_each_tile_once(config, op):
     assert config.valid() and config.can_vec()
     maps = [("A", config.bm, 1), ("B", config.bn, 1), ("A", config.bm, 4)]
     for operand, rows, vec in maps:
-        r, k = ci.load_map(config, op, operand, vec)
+        r, k = tw.load_map(config, op, operand, vec)
         assert r.min() >= 0 and r.max() < rows and k.min() >= 0 and k.max() < config.bk
         flat = np.sort((r * config.bk + k).ravel())
         np.testing.assert_array_equal(flat, np.arange(rows * config.bk))
@@ -234,7 +235,7 @@ def test_load_maps_cover_each_tile_once(config, op):
             assert (kv[..., 0] % 4 == 0).all()
             assert ((rv[..., 0] * (config.bk + 8) + kv[..., 0]) % 4 == 0).all()
     with pytest.raises(ValueError, match="only A"):
-        ci.load_map(config, op, "B", 4)
+        tw.load_map(config, op, "B", 4)
 
 
 def _vectors_exact(op: str, g: Geom) -> bool:
@@ -244,7 +245,7 @@ def _vectors_exact(op: str, g: Geom) -> bool:
     m = np.arange(big_m)[:, None, None]
     k = (np.arange(0, big_k + 8, 4)[:, None] + np.arange(4))[None]
     for grp in range(g.groups):
-        off, ok = ci.a_offset(op, g, grp, m, k)
+        off, ok = tw.a_offset(op, g, grp, m, k)
         if not (ok == ok[..., :1]).all():
             return False
         o = np.where(ok, off, 0)
@@ -302,14 +303,14 @@ def test_fragments_with_permuted_k_reproduce_the_block_product(config, op):
     r = np.random.default_rng(2)
     a = r.standard_normal((config.bm, config.bk))
     b = r.standard_normal((config.bk, config.bn))
-    got = ci.emulate_block(config, op, a, b)
+    got = tw.emulate_block(config, op, a, b)
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("config", EPILOGUE_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_stores_each_element_once(config):
     c = np.random.default_rng(3).standard_normal((config.bm, config.bn))
-    np.testing.assert_array_equal(ci.emulate_epilogue(config, c), c)
+    np.testing.assert_array_equal(tw.emulate_epilogue(config, c), c)
     assert 4 * config.stage_c_floats() <= config.shared_bytes("filter_acts")
 
 
@@ -328,7 +329,7 @@ def _bank_conflicts(addresses: np.ndarray, width: int) -> int:
 @pytest.mark.parametrize("op", ["filter_acts", "weight_acts"])
 def test_fragment_loads_are_free_of_bank_conflicts(config, op):
     for warp in range(config.threads // 32):
-        frags = [ci.fragment_map(config, op, (lane, warp)) for lane in range(32)]
+        frags = [tw.fragment_map(config, op, (lane, warp)) for lane in range(32)]
         a = np.stack([f["a"] for f in frags])  # (lane, mt, kk, 4)
         b = np.stack([f["b"] for f in frags])  # (lane, nt, kk, 2)
         for mt in range(a.shape[1]):
@@ -350,7 +351,7 @@ def test_fragment_loads_are_free_of_bank_conflicts(config, op):
 @pytest.mark.parametrize("config", EPILOGUE_TILES, ids=lambda t: t.label)
 def test_staged_epilogue_is_free_of_bank_conflicts(config):
     for warp in range(config.threads // 32):
-        maps = [ci.epilogue_map(config, (lane, warp)) for lane in range(32)]
+        maps = [tw.epilogue_map(config, (lane, warp)) for lane in range(32)]
         write = np.stack([m["write"] for m in maps])  # (lane, mt, h, nt)
         read = np.stack([m["read"] for m in maps])  # (lane, r, c)
         assert (write % 2 == 0).all()  # float2-aligned
@@ -600,11 +601,11 @@ def test_wgmma_tiles_are_valid_and_fit_shared_memory():
 def test_wgmma_copies_cover_each_tile_once_free_of_bank_conflicts(config):
     threads = config.threads
     for operand, rows in (("A", config.bm), ("B", config.bn)):
-        r, k = ci.wgmma_load_map(config, operand)
+        r, k = tw.wgmma_load_map(config, operand)
         assert r.shape[0] == threads and r.min() >= 0 and r.max() < rows
         flat = np.sort((r * 32 + k).ravel())
         np.testing.assert_array_equal(flat, np.arange(rows * 32), err_msg=operand)
-        off = ci.wgmma_smem_offset(r, k)
+        off = tw.wgmma_smem_offset(r, k)
         np.testing.assert_array_equal(np.sort(off.ravel()), 4 * np.arange(rows * 32))
         for warp in range(threads // 32):
             lanes = slice(32 * warp, 32 * warp + 32)
@@ -615,40 +616,40 @@ def test_wgmma_copies_cover_each_tile_once_free_of_bank_conflicts(config):
                 assert (kv == kv[..., :1] + np.arange(4)).all()
                 assert (kv[..., 0] % 4 == 0).all()
                 for e in range(rv.shape[1]):
-                    chunks = ci.wgmma_smem_offset(rv[:, e, 0], kv[:, e, 0]) // 16
+                    chunks = tw.wgmma_smem_offset(rv[:, e, 0], kv[:, e, 0]) // 16
                     for q in range(4):
                         assert len(set(chunks[8 * q : 8 * q + 8] % 8)) == 8
             else:  # B: a column per thread, 32 lanes on 32 banks per copy
                 assert (r[lanes] == r[lanes][:, :1]).all()
                 for e in range(r.shape[1]):
-                    banks = ci.wgmma_smem_offset(r[lanes, e], k[lanes, e]) // 4 % 32
+                    banks = tw.wgmma_smem_offset(r[lanes, e], k[lanes, e]) // 4 % 32
                     assert len(set(banks)) == 32, (warp, e)
 
 
 def test_gmma_descriptor_encoding():
     # start address 0x12340 >> 4 in bits 0-13, LBO 16 >> 4 in 16-29, SBO
     # 1024 >> 4 in 32-45, base offset bits 49-51, layout 1 (128B) in 62-63
-    d = ci.gmma_descriptor(0x12340)
+    d = tw.gmma_descriptor(0x12340)
     assert d == 0x1234 | 1 << 16 | 64 << 32 | 1 << 62
-    assert ci.gmma_descriptor(0x12340 + 2**18) == d  # the address modulo 2^18
-    assert ci.gmma_descriptor(0, lbo=256, sbo=16, layout=3, base_offset=5) == (
+    assert tw.gmma_descriptor(0x12340 + 2**18) == d  # the address modulo 2^18
+    assert tw.gmma_descriptor(0, lbo=256, sbo=16, layout=3, base_offset=5) == (
         16 << 16 | 1 << 32 | 5 << 49 | 3 << 62
     )
-    assert ci.gmma_descriptor(0x400) + 2 == ci.gmma_descriptor(0x420)  # a k8 step
+    assert tw.gmma_descriptor(0x400) + 2 == tw.gmma_descriptor(0x420)  # a k8 step
     with pytest.raises(ValueError, match="sbo must be"):
-        ci.gmma_descriptor(0, sbo=1000)
+        tw.gmma_descriptor(0, sbo=1000)
     with pytest.raises(ValueError, match="out of range"):
-        ci.gmma_descriptor(8)
+        tw.gmma_descriptor(8)
     # the no-swizzle layout: core matrices of 8 rows x 16 bytes
-    d0 = ci.gmma_descriptor(0, lbo=128, sbo=256, layout=0)
-    got = ci.gmma_address(d0, np.array([0, 1, 7, 8, 9]), np.array([0, 1, 4, 5, 7]))
+    d0 = tw.gmma_descriptor(0, lbo=128, sbo=256, layout=0)
+    got = tw.gmma_address(d0, np.array([0, 1, 7, 8, 9]), np.array([0, 1, 4, 5, 7]))
     np.testing.assert_array_equal(
         got, [0, 20, 112 + 128, 256 + 128 + 4, 256 + 16 + 140]
     )
     with pytest.raises(ValueError, match="base offset 0"):
-        ci.gmma_address(d | 1 << 49, 0, 0)
+        tw.gmma_address(d | 1 << 49, 0, 0)
     with pytest.raises(ValueError, match="k must be in"):
-        ci.gmma_address(d, 0, 8)
+        tw.gmma_address(d, 0, 8)
 
 
 @pytest.mark.parametrize("config", ci.WGMMA_TILES, **WG_IDS)
@@ -669,20 +670,20 @@ def test_descriptors_find_every_element_where_the_copies_wrote_it(config):
                 for wg in range(config.bm // 64):
                     rows = np.arange(64)[:, None]
                     start = a_st + wg * 64 * 128 + kk * 32
-                    got = ci.gmma_address(ci.gmma_descriptor(start), rows, j)
-                    want = a_st + ci.wgmma_smem_offset(64 * wg + rows, 8 * kk + j)
+                    got = tw.gmma_address(tw.gmma_descriptor(start), rows, j)
+                    want = a_st + tw.wgmma_smem_offset(64 * wg + rows, 8 * kk + j)
                     np.testing.assert_array_equal(got, want)
                 rows = np.arange(config.bn)[:, None]
-                got = ci.gmma_address(ci.gmma_descriptor(b_st + kk * 32), rows, j)
-                want = b_st + ci.wgmma_smem_offset(rows, 8 * kk + j)
+                got = tw.gmma_address(tw.gmma_descriptor(b_st + kk * 32), rows, j)
+                want = b_st + tw.wgmma_smem_offset(rows, 8 * kk + j)
                 np.testing.assert_array_equal(got, want)
     # the check has teeth: without the swizzle, or with the stages not
     # 1024-byte aligned, the descriptors would find other elements
     rows = np.arange(64)[:, None]
-    want = ci.wgmma_smem_offset(rows, j)
-    unswizzled = ci.gmma_descriptor(0, lbo=16, sbo=1024, layout=0)
-    assert (ci.gmma_address(unswizzled, rows, j) != want).any()
-    shifted = ci.gmma_address(ci.gmma_descriptor(512), rows, j) - 512
+    want = tw.wgmma_smem_offset(rows, j)
+    unswizzled = tw.gmma_descriptor(0, lbo=16, sbo=1024, layout=0)
+    assert (tw.gmma_address(unswizzled, rows, j) != want).any()
+    shifted = tw.gmma_address(tw.gmma_descriptor(512), rows, j) - 512
     assert (shifted != want).any()
 
 
@@ -692,9 +693,9 @@ def test_wgmma_accumulator_map_is_the_epilogue_fragment_layout():
             seen = np.zeros((64, config.bn), np.int64)
             for warp in range(4):
                 for lane in range(32):
-                    acc = ci.wgmma_accumulator_map(lane, warp, config.bn)
+                    acc = tw.wgmma_accumulator_map(lane, warp, config.bn)
                     np.add.at(seen, (acc[..., 0], acc[..., 1]), 1)
-                    frag = ci.fragment_map(config, "filter_acts", (lane, 4 * wg + warp))
+                    frag = tw.fragment_map(config, "filter_acts", (lane, 4 * wg + warp))
                     np.testing.assert_array_equal(
                         frag["c_mn"][0], acc + np.array([64 * wg, 0])
                     )
@@ -707,10 +708,10 @@ def test_emulated_wgmma_block_reproduces_the_product(config):
     a = r.standard_normal((config.bm, 32))
     b = r.standard_normal((32, config.bn))
     for base, stage in ((0, None), (16, 0), (1008, 1)):
-        got = ci.emulate_wgmma_block(config, a, b, base=base, stage=stage)
+        got = tw.emulate_wgmma_block(config, a, b, base=base, stage=stage)
         np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="not a valid wgmma tile"):
-        ci.emulate_wgmma_block(ci.TAP_TILES[1], a, b)
+        tw.emulate_wgmma_block(ci.TAP_TILES[1], a, b)
 
 
 @pytest.mark.parametrize(
@@ -720,7 +721,7 @@ def test_emulated_wgmma_block_reproduces_the_product(config):
 )  # fmt: skip
 def test_streamk_schedule_covers_every_iteration_once(tiles, kt, grid):
     total = tiles * kt
-    items = ci.streamk_items(tiles, kt, grid)
+    items = tw.streamk_items(tiles, kt, grid)
     assert len(items) == grid and all(items)  # every block runs something
     seen = np.zeros((tiles, kt), dtype=np.int64)
     where = {}  # (tile, block) -> (lo, hi, slot)
@@ -734,12 +735,12 @@ def test_streamk_schedule_covers_every_iteration_once(tiles, kt, grid):
         for tile, lo, hi, slot in mine:
             seen[tile, lo:hi] += 1
             where[tile, b] = (lo, hi, slot)
-            blocks = ci.streamk_block_of(np.arange(tile * kt + lo, tile * kt + hi),
+            blocks = tw.streamk_block_of(np.arange(tile * kt + lo, tile * kt + hi),
                                          total, grid)  # fmt: skip
             assert (blocks == b).all()
     assert (seen == 1).all()
     for tile in range(tiles):
-        segs = ci.streamk_segments(tile, kt, total, grid)
+        segs = tw.streamk_segments(tile, kt, total, grid)
         blocks = [b for t, b in where if t == tile]
         assert [b for b, _ in segs] == sorted(blocks)
         los = [where[tile, b][0] for b, _ in segs]
@@ -749,7 +750,7 @@ def test_streamk_schedule_covers_every_iteration_once(tiles, kt, grid):
                 assert where[tile, b][2] == slot
     for bad in (0, total + 1):
         with pytest.raises(ValueError, match="stream-K grid"):
-            ci.streamk_items(tiles, kt, bad)
+            tw.streamk_items(tiles, kt, bad)
     assert ci.streamk_grid(total, 10**9) == total
     assert ci.streamk_grid(total, 3) == min(3, total)
 
@@ -791,7 +792,7 @@ def test_channels_last_tiles_rules():
         ci.plan("weight_acts", g, "tf32", dataclasses.replace(
             ci.WGMMA_WGRAD_TILES[0], nhwc=True))  # fmt: skip
     with pytest.raises(ValueError, match="nhwc applies to filter_acts"):
-        ci.b_offset("weight_acts", g, 0, np.arange(4), np.arange(4), nhwc=True)
+        tw.b_offset("weight_acts", g, 0, np.arange(4), np.arange(4), nhwc=True)
     assert ci.plan("image_acts", g, "tf32", nh[0]).consts["BNHWC"] == 1
     assert (
         ci.plan("image_acts", g, "tf32", nh[0])
@@ -799,11 +800,11 @@ def test_channels_last_tiles_rules():
         .endswith("_wgmma_nhwc_tf32")
     )
     x = np.arange(3 * 64 * 30, dtype=np.float64).reshape(3, 64, 5, 6)
-    xh = ci.channels_last(x)
+    xh = tw.channels_last(x)
     k = np.arange(64)[:, None]  # tap-major k of tap 0: the channels
     n = np.arange(90)[None, :]
-    off, ok = ci.b_offset("filter_acts", g, 0, k, n, tapmajor=True, nhwc=True)
-    ref, ref_ok = ci.b_offset("filter_acts", g, 0, k, n, tapmajor=True)
+    off, ok = tw.b_offset("filter_acts", g, 0, k, n, tapmajor=True, nhwc=True)
+    ref, ref_ok = tw.b_offset("filter_acts", g, 0, k, n, tapmajor=True)
     np.testing.assert_array_equal(ok, ref_ok)
     np.testing.assert_array_equal(xh.ravel()[off[ok]], x.ravel()[ref[ok]])
 
@@ -815,7 +816,7 @@ def test_emulated_wgmma_index_maps_match_the_references(op, label):
     x, w, dy = tensors(g, dtype=np.float64)
     want = reference(op, g, x, w, dy)
     for config in (t for t in ci.WGMMA_TILES if ci.tapmajor_ok(op, g, t)):
-        got = ci.emulate(op, g, *operands(op, x, w, dy), config=config)
+        got = tw.emulate(op, g, *operands(op, x, w, dy), config=config)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
 
 
@@ -876,7 +877,7 @@ def test_plan_wgmma_wgrad_grid_and_split_k():
 def test_wgmma_wgrad_copies_cover_each_tile_once_free_of_bank_conflicts(config):
     threads = config.threads
     for operand, rows in (("A", config.bm), ("B", config.bn)):
-        r, k = ci.wgmma_load_map(config, operand, "weight_acts")
+        r, k = tw.wgmma_load_map(config, operand, "weight_acts")
         flat = np.sort((r * 32 + k).ravel())
         np.testing.assert_array_equal(flat, np.arange(rows * 32), err_msg=operand)
         # a thread's 4 copies of a row are one 16-byte chunk (A's vector)
@@ -889,7 +890,7 @@ def test_wgmma_wgrad_copies_cover_each_tile_once_free_of_bank_conflicts(config):
         for warp in range(threads // 32):
             lanes = slice(32 * warp, 32 * warp + 32)
             for c in range(r.shape[1]):
-                banks = ci.wgmma_smem_offset(r[lanes, c], k[lanes, c]) // 4 % 32
+                banks = tw.wgmma_smem_offset(r[lanes, c], k[lanes, c]) // 4 % 32
                 assert len(set(banks)) == 32, (operand, warp, c)
 
 
@@ -899,7 +900,7 @@ def test_emulated_wgmma_wgrad_block_reproduces_the_product(config):
     a = r.standard_normal((config.bm, 32))
     b = r.standard_normal((32, config.bn))
     for base, stage in ((0, None), (16, 0), (1008, 2)):
-        got = ci.emulate_wgmma_block(config, a, b, base, stage, op="weight_acts")
+        got = tw.emulate_wgmma_block(config, a, b, base, stage, op="weight_acts")
         np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
@@ -927,12 +928,12 @@ def test_emulated_wgmma_wgrad_index_maps_match_the_reference(label):
     want = reference("weight_acts", g, x, w, dy)
     for i, config in enumerate(ci.WGMMA_WGRAD_TILES[1:]):
         for splits in (1, 3) if i == 0 else (None,):
-            got = ci.emulate("weight_acts", g, dy, x, config=config, splits=splits)
+            got = tw.emulate("weight_acts", g, dy, x, config=config, splits=splits)
             assert got.shape == want.shape, label
             np.testing.assert_allclose(
                 got, want, rtol=1e-12, atol=1e-11, err_msg=f"{label} {config.label}"
             )
-    got = ci.emulate_wgrad_wgmma(
+    got = tw.emulate_wgrad_wgmma(
         g, dy, x, config=ci.WGMMA_WGRAD_TILES[3], aligned=False
     )
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-11, err_msg=label)
@@ -941,14 +942,14 @@ def test_emulated_wgmma_wgrad_index_maps_match_the_reference(label):
 def test_wgmma_wgrad_copies_take_16_byte_runs_where_exact():
     g = geom(3, 8, 8, 12, 3, 1, 1)  # Ho*Wo = 64: every run aligned
     t = ci.WGMMA_WGRAD_TILES[3]
-    cp = ci.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64)
+    cp = tw.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64)
     rows = np.arange(t.threads)[:, None] // 8 + 16 * np.arange(4)[None, :]
     np.testing.assert_array_equal(cp["a"]["vec"], rows < 12)  # M = 12 filters
-    assert not ci.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64, aligned=False)["a"][
+    assert not tw.wgrad_copies(t, g, 0, 4, 0, 0, 32, 3 * 64, aligned=False)["a"][
         "vec"
     ].any()
     g = geom(2, 8, 13, 16, 3, 1, 1)  # Ho*Wo = 169: rows alternate alignment
-    cp = ci.wgrad_copies(t, g, 0, 0, 0, 0, 160, 2 * 169)
+    cp = tw.wgrad_copies(t, g, 0, 0, 0, 0, 160, 2 * 169)
     vec = cp["a"]["vec"]
     assert 0 < vec.sum() < vec.size
     np.testing.assert_array_equal(cp["a"]["vec_off"][vec] % 4, 0)
@@ -1120,8 +1121,8 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
     harness = harness.replace("B_LINE", b_line)
     run = _run_host_harness(nvcc, tmp_path, source + harness)
     lines = [ln.split() for ln in run.stdout.splitlines()]
-    ra, ka = ci.wgmma_load_map(config, "A")
-    rb, kb = ci.wgmma_load_map(config, "B")
+    ra, ka = tw.wgmma_load_map(config, "A")
+    rb, kb = tw.wgmma_load_map(config, "B")
     a_rows = np.array([[int(v) for v in ln[1:]] for ln in lines if ln[0] == "A"])
     b_rows = np.array([[int(v) for v in ln[1:]] for ln in lines if ln[0] == "B"])
     np.testing.assert_array_equal(a_rows[:, 0], ka[:, 0])  # the vector's first k
@@ -1134,16 +1135,16 @@ def test_wgmma_c_helpers_compute_the_numpy_spec(config, tmp_path):
         np.testing.assert_array_equal(b_rows[:, 1:], kb)
     s = np.array([int(ln[1]) for ln in lines if ln[0] == "S"]).reshape(256, 32)
     r, k = np.meshgrid(np.arange(256), np.arange(32), indexing="ij")
-    np.testing.assert_array_equal(s, ci.wgmma_smem_offset(r, k))
+    np.testing.assert_array_equal(s, tw.wgmma_smem_offset(r, k))
     descs = [(int(ln[1]), int(ln[2])) for ln in lines if ln[0] == "D"]
     assert len(descs) > 200
     for addr, desc in descs:
-        assert desc == ci.gmma_descriptor(addr), addr
+        assert desc == tw.gmma_descriptor(addr), addr
 
 
 def test_wgmma_wgrad_c_helpers_compute_the_numpy_spec(tmp_path):
     """wgradtm's copy map in the rendered kernel (wgmma_a_row, wgmma_a_k,
-    wgmma_wgrad_k, run on the CPU) against :func:`ci.wgmma_load_map`."""
+    wgmma_wgrad_k, run on the CPU) against :func:`tw.wgmma_load_map`."""
     from cc2ops.cuda.runtime.compile import render
 
     nvcc = needs_nvcc()
@@ -1164,7 +1165,7 @@ int main()
 """
     run = _run_host_harness(nvcc, tmp_path, source + harness)
     got = np.array([[int(v) for v in ln.split()] for ln in run.stdout.splitlines()])
-    r, k = ci.wgmma_load_map(config, "A", "weight_acts")
+    r, k = tw.wgmma_load_map(config, "A", "weight_acts")
     np.testing.assert_array_equal(got[:, 0], r.ravel())
     np.testing.assert_array_equal(got[:, 1], k.ravel())
     np.testing.assert_array_equal(got[:, 2], (k.ravel() // 4) * 4)
@@ -1645,5 +1646,5 @@ def test_accepts_the_conv_ops_geometry_record():
     assert ci.supports("filter_acts", g, np.float32, "fp32")
     x, w, dy = tensors(g, dtype=np.float64)
     for op in ci.OPS:
-        got = ci.emulate(op, g, *operands(op, x, w, dy))
+        got = tw.emulate(op, g, *operands(op, x, w, dy))
         np.testing.assert_allclose(got, reference(op, g, x, w, dy), rtol=1e-12)
