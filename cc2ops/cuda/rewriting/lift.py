@@ -3,7 +3,7 @@
 Lifting
 -------
 GPU op authors register a rule per host op class in their
-``cc2ops/cuda/<family>.py`` module::
+``cc2ops/cuda/ops/<family>.py`` module::
 
     from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 
