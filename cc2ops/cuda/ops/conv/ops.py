@@ -574,18 +574,9 @@ class Igemm:
 
     @property
     def name(self) -> str:
-        c = self.config
-        if c is None:
-            return "igemm"
-        fields = [getattr(c, k, None) for k in ("bm", "bn", "bk", "wm", "wn", "stages")]
-        if None in fields:
-            return f"igemm_{c}"
-        bm, bn, bk, wm, wn, st = fields
-        tm = "_tm" if getattr(c, "tapmajor", False) else ""
-        tm += "_wgmma" if getattr(c, "wgmma", False) else ""
-        tm += "_nhwc" if getattr(c, "nhwc", False) else ""
-        tm += "_sk" if getattr(c, "streamk", False) else ""
-        return f"igemm_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}{tm}"
+        # one name per tile: the tile's own label (bm/bn/bk/w/st and flags),
+        # the vocabulary of its kernel names (conv_igemm_..._bm64_bn128_...)
+        return "igemm" if self.config is None else f"igemm_{self.config.label}"
 
     def applies(self, op: str, g: ConvGeometry, dtype: Any, precision: str) -> bool:
         mod = _conv_igemm()
