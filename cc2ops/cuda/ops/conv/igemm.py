@@ -70,22 +70,22 @@ only on devices of compute capability 9.0 (:func:`variants`'
 weights are rounded once when they are permuted and the activations are
 truncated: relative error about 1e-3, as the other TF32 tiles. The layout,
 the descriptors, the copy maps and the accumulator map are specified here
-(:func:`~.twins.wgmma_smem_offset`, :func:`~.twins.gmma_descriptor`, :func:`~.twins.gmma_address`,
-:func:`~.twins.wgmma_load_map`, :func:`~.twins.wgmma_accumulator_map`) and
-:func:`~.twins.emulate_wgmma_block` multiplies a tile through them.
+in :mod:`.twins` (``wgmma_smem_offset``, ``gmma_descriptor``, ``gmma_address``,
+``wgmma_load_map``, ``wgmma_accumulator_map``) and its ``emulate_wgmma_block``
+multiplies a tile through them.
 
 Two switches of the ``wgmma`` tiles reach further. ``nhwc``
 (:attr:`TileConfig.nhwc`): the image operand (x for ``filter_acts``, dy for
 ``image_acts``) is first transposed to channels-last, so that one row of a B
 tile (one pixel, 32 channels of one tap) is 128 contiguous bytes, copied in
-16-byte ``cp.async`` by the map of A (:func:`~.twins.channels_last`,
-:func:`~.twins.b_offset`'s ``nhwc``). ``streamk`` (:attr:`TileConfig.streamk`): a
+16-byte ``cp.async`` by the map of A (``twins.channels_last``,
+``twins.b_offset``'s ``nhwc``). ``streamk`` (:attr:`TileConfig.streamk`): a
 persistent grid of one wave of blocks shares the (tile, k tile) iterations
 of all tiles evenly, so a tile count just past a whole number of waves (the
 13x13 layers: 338 tiles of 128x128 for 132 SMs) leaves no SM idle; tiles
 cut between blocks are summed in block order through a workspace by the
-segment that finishes last (:func:`~.twins.streamk_items`,
-:func:`~.twins.streamk_segments`; :func:`~.twins.emulate` follows the schedule). The
+segment that finishes last (``twins.streamk_items``,
+``twins.streamk_segments``; ``twins.emulate`` follows the schedule). The
 192-row tiles run three consumer warpgroups (M = 192: conv2's forward and
 conv3's input gradient).
 
@@ -98,7 +98,7 @@ split-K slices of the pixels (:func:`_split_k`: about two waves of resident
 blocks), the partials summed by the existing reduction. dy is copied with
 16-byte ``cp.async`` wherever 4 pixels of a row are one aligned run of one
 image, else 4-byte; both are truncated to TF32 by the tensor cores.
-:func:`~.twins.wgrad_copies` specifies the copies and :func:`~.twins.emulate_wgrad_wgmma`
+``twins.wgrad_copies`` specifies the copies and ``twins.emulate_wgrad_wgmma``
 computes the pass through them.
 
 Interface
@@ -106,12 +106,12 @@ Interface
 The conv GPU ops (``cc2ops.cuda.ops.conv.ops``) call :func:`supports`,
 :func:`variants` and :func:`filter_acts` / :func:`image_acts` /
 :func:`weight_acts` as autotuner candidates. ``geometry`` is a
-:class:`cc2ops.cuda.ops.conv.ops.ConvGeometry`.
+:class:`cc2ops.cuda.ops.conv.geometry.ConvGeometry`.
 
-The index arithmetic of the kernels is written down here once more, in numpy
-(:func:`~.twins.a_offset`, :func:`~.twins.b_offset`, :func:`~.twins.c_offset`, :func:`~.twins.fastdiv`,
-:func:`~.twins.load_map`, :func:`~.twins.fragment_map`, :func:`~.twins.epilogue_map`), and
-:func:`~.twins.emulate` / :func:`~.twins.emulate_block` / :func:`~.twins.emulate_epilogue` compute
+The index arithmetic of the kernels is written down once more, in numpy, in
+the test oracle :mod:`cc2ops.cuda.ops.conv.twins` (``a_offset``, ``b_offset``,
+``c_offset``, ``fastdiv``, ``load_map``, ``fragment_map``, ``epilogue_map``),
+and its ``emulate`` / ``emulate_block`` / ``emulate_epilogue`` compute
 convolutions (and a block's product and stores) through it on the CPU: the
 tests check them against :func:`cc2ops.conv.conv_forward_reference` and its
 gradients, so the formulas the CUDA C uses are tested without a GPU.
