@@ -25,7 +25,7 @@ setup(
     install_requires=["pytensor>=3.0,<4", "numpy", "scipy", "wrapt>=1.14"],
     extras_require={
         "cuda": ["pycuda", "mako"],
-        "test": ["pytest", "hypothesis", "mako"],
+        "test": ["pytest", "hypothesis", "mako", "import-linter>=2.1"],
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
         # the example's GPU input pipeline (JPEG decoding on the GPU)
         "gpu-data": ["nvidia-nvimgcodec-cu13"],

@@ -7,8 +7,8 @@ and TF32.
 
 What is timed
 -------------
-cc2ops: the plain pass functions :func:`cc2ops.cuda.conv.filter_acts`,
-:func:`~cc2ops.cuda.conv.image_acts` and :func:`~cc2ops.cuda.conv.weight_acts`
+cc2ops: the plain pass functions of :mod:`cc2ops.cuda.ops.conv.ops`
+(``filter_acts``, ``image_acts`` and ``weight_acts``)
 on pycuda GPUArrays (what the ops' ``perform`` runs, without PyTensor's graph
 overhead). The first call of each geometry autotunes (before the warm-up
 ends); the row names the chosen algorithm. Peer:
@@ -94,7 +94,7 @@ def _torch_pass(name: str, x: Any, w: Any, dy: Any, s: int, p: int) -> Any:
 def _cc2ops_pass(
     name: str, gx: Any, gw: Any, gdy: Any, s: int, p: int, precision: str
 ) -> Any:
-    from cc2ops.cuda import conv
+    from cc2ops.cuda.ops.conv import ops as conv
 
     params = dict(stride=s, padding=p, precision=precision, device=0)
     hw = tuple(int(v) for v in gx.shape[2:])
@@ -113,7 +113,8 @@ def run_layer(
     """The rows of one layer, batch and precision (after the correctness check)."""
     import torch
 
-    from cc2ops.cuda import array, conv
+    from cc2ops.cuda.ops.conv import ops as conv
+    from cc2ops.cuda.runtime import array
 
     name, c, f, hw, k, s, p = layer
     _torch_settings(precision)
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> Path:
                 "timing": (
                     "cc2ops_ms/peer_ms: CUDA-graph replays of each pass (device "
                     "time, both libraries captured alike); *_eager_ms: eager calls; "
-                    "cc2ops: cc2ops.cuda.conv pass functions on GPUArrays; medians"
+                    "cc2ops: cc2ops.cuda.ops.conv.ops pass functions on GPUArrays; "
+                    "medians"
                 ),
                 "cudnn_benchmark": True,
                 "failures": failures,

@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> Path:
     import torch
     import torch.nn.functional as F
 
-    from cc2ops.cuda import array
-    from cc2ops.cuda import pool as gpool
-    from cc2ops.cuda import response_norm as grn
-    from cc2ops.cuda import softmax_loss as gsl
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.ops import pool as gpool
+    from cc2ops.cuda.ops import response_norm as grn
+    from cc2ops.cuda.ops import softmax_loss as gsl
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(0)
     dev.activate()

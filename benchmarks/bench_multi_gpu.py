@@ -315,7 +315,7 @@ def _device_sync(labels: tuple[int, ...]) -> Callable[[], None]:
     Enough for the scheme-(b) second stream too: a broadcast on it makes the
     main stream wait on an event recorded after it.
     """
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     devs = {}
     for d in labels:
@@ -508,7 +508,7 @@ def main(argv=None) -> None:
     try:
         import pycuda.driver as drv
 
-        from cc2ops.cuda.availability import require
+        from cc2ops.cuda.runtime.availability import require
 
         require()
         n_gpus = drv.Device.count()

@@ -40,7 +40,7 @@ file) when a later stage fails or the time budget runs out:
    ``peer_images_per_s``); the JSON file is written at once;
 4. per-op breakdown: the step compiled with the Python VM
    (``cc2ops.cuda.mode(linker="py")``) and profiled node by node with
-   :class:`cc2ops.cuda.profile.ThunkProfile`: device time (each node's
+   :class:`cc2ops.cuda.runtime.profile.ThunkProfile`: device time (each node's
    kernels run back to back behind a held stream) and host time apart; the
    ten op classes with the most device time go into each eager row as
    ``top_ops``, with the step's summed ``device_ms`` and ``host_ms``;
@@ -183,7 +183,7 @@ def cc2ops_step(
 
 def _host_call(fn: Any) -> Any:
     """``fn`` (host inputs) called with the GPU arrays ``check_losses`` passes."""
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     return lambda gx, gy: fn(array.to_host(gx), array.to_host(gy))
 
@@ -204,7 +204,8 @@ def check_losses(fn: Any, ref: TorchStep, cfg: NetConfig, steps: int) -> dict:
     """fp32, dropout off: losses of ``steps`` steps of both from one init."""
     import torch
 
-    from cc2ops.cuda import allow_tf32, array
+    from cc2ops.cuda import allow_tf32
+    from cc2ops.cuda.runtime import array
 
     ours, theirs = [], []
     set_torch_tf32(False)
@@ -225,7 +226,7 @@ def check_losses(fn: Any, ref: TorchStep, cfg: NetConfig, steps: int) -> dict:
 def breakdown(fn: Any, args: tuple, steps: int, tf32: bool, top: int = 10) -> dict:
     """Per-op device and host time of a Python-VM step (ThunkProfile)."""
     from cc2ops.cuda import allow_tf32
-    from cc2ops.cuda.profile import ThunkProfile
+    from cc2ops.cuda.runtime.profile import ThunkProfile
 
     prof = ThunkProfile(fn)
     with allow_tf32(tf32):
@@ -392,7 +393,8 @@ def time_rows(
 def run(cfg: NetConfig, settings: dict, report: Report, quick: bool) -> None:
     import torch
 
-    from cc2ops.cuda import array, capture_function
+    from cc2ops.cuda import capture_function
+    from cc2ops.cuda.runtime import array
 
     t0 = time.perf_counter()
     torch.backends.cudnn.benchmark = True

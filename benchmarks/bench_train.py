@@ -136,7 +136,8 @@ def build_step(train_mod: Any) -> tuple[Any, dict]:
 def step_graph(
     train_mod: Any, step: tuple[Any, dict], precision: str, iters: int, warmup: int
 ) -> dict:
-    from cc2ops.cuda import allow_tf32, array, capture_function
+    from cc2ops.cuda import allow_tf32, capture_function
+    from cc2ops.cuda.runtime import array
 
     train_fn, states = step
     nets = train_mod.nets
@@ -224,9 +225,8 @@ def run_train(train_mod: Any, args: list[str], precision: str, warmup: int) -> d
 def decode_only(folder: Path, workers: int, warm_batches: int = 3) -> dict:
     import data
     import gpu_data
-
-    from cc2ops.cuda import array
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
 
     split = data.scan_split(folder, "train")
     norm = data.Normalisation((120.0, 115.0, 105.0), (60.0, 58.0, 57.0))

@@ -17,7 +17,8 @@ Timing
 ``cc2ops_ms`` / ``peer_ms`` of the kernel benchmarks. :func:`time_cuda`
 times eager calls (host launch cost included), reported beside them.
 
-cc2ops launches its kernels on its own stream per device (``cc2ops.cuda.device``),
+cc2ops launches its kernels on its own stream per device
+(``cc2ops.cuda.runtime.device``),
 PyTorch on its current stream. Both share the device's primary context, so
 :func:`time_cuda` records CUDA events on the stream the timed callable uses:
 ``on="torch"`` (torch events on torch's current stream) or ``on="cc2ops"``
@@ -93,7 +94,7 @@ def _sync_all(device: int) -> None:
     except ImportError:
         pass
     try:
-        from cc2ops.cuda.device import initialized_devices
+        from cc2ops.cuda.runtime.device import initialized_devices
 
         for dev in initialized_devices():
             dev.synchronize()
@@ -147,7 +148,7 @@ def time_cuda(
     elif on == "cc2ops":
         import pycuda.driver as drv
 
-        from cc2ops.cuda.device import get_device
+        from cc2ops.cuda.runtime.device import get_device
 
         dev = get_device(device)
         dev.activate()
@@ -202,7 +203,7 @@ def time_graph(
 
         return time_graph(fn, warmup=warmup, iters=iters, on=on, device=device) / repeat
     if on == "cc2ops":
-        from cc2ops.cuda.graphs import CudaGraph
+        from cc2ops.cuda.runtime.cudagraph import CudaGraph
 
         for _ in range(warmup):
             fn()
@@ -273,7 +274,7 @@ def gpu_name(device: int = 0) -> str:
     except ImportError:
         pass
     try:
-        from cc2ops.cuda.device import get_device
+        from cc2ops.cuda.runtime.device import get_device
 
         return get_device(device).name
     except Exception:

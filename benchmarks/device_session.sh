@@ -75,7 +75,7 @@ for arg in "$@"; do
         ;;
     new)
         run_stage new "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider \
-            ${NEW_TESTS:-tests/cuda/test_graphs.py tests/cuda/test_profile.py}
+            ${NEW_TESTS:-tests/cuda/runtime/test_cudagraph.py tests/cuda/runtime/test_profile.py}
         ;;
     tests)
         run_stage tests "$limit" python3 -m pytest -q -m gpu -n "$JOBS" \

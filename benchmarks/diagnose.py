@@ -12,14 +12,14 @@ each):
 ``step``
     The cuda-convnet2 ImageNet step (``benchmarks/step_net.py``, batch 128,
     dropout off) compiled with the Python VM and profiled node by node with
-    :class:`cc2ops.cuda.profile.ThunkProfile` (host and device time apart),
+    :class:`cc2ops.cuda.runtime.profile.ThunkProfile` (host and device time apart),
     in fp32 and TF32; then the eager step (``cvm``) and the same step
     replayed as a CUDA graph (:func:`cc2ops.cuda.capture_function`), timed
     with events, and torch's step for scale.
 ``conv``
     Every applicable algorithm of every pass of the five AlexNet layers at
     batch 128, fp32 and TF32: device and host time apart
-    (:func:`cc2ops.cuda.profile.split_time`), and cuDNN's device time.
+    (:func:`cc2ops.cuda.runtime.profile.split_time`), and cuDNN's device time.
 
 Run: ``python benchmarks/diagnose.py [--sections step,conv,micro]
 [--out FILE]``; prints a summary and writes JSON.
@@ -59,8 +59,9 @@ def host_us(fn: Any, n: int = 200) -> float:
 
 
 def micro() -> dict[str, Any]:
-    from cc2ops.cuda import array, blas
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.libs import cublas as blas
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(0)
     out: dict[str, Any] = {}
@@ -87,8 +88,8 @@ def step_section(budget_s: float) -> dict[str, Any]:
     import cc2ops.cuda as cuda
     from benchmarks.bench_step import TorchStep, set_torch_tf32
     from benchmarks.step_net import build_step, imagenet_config, init_params
-    from cc2ops.cuda import array
-    from cc2ops.cuda.profile import ThunkProfile
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.profile import ThunkProfile
 
     t0 = time.perf_counter()
     torch.backends.cudnn.benchmark = True
@@ -162,7 +163,7 @@ def step_section(budget_s: float) -> dict[str, Any]:
 def _pass_call(
     pas: str, gx: Any, gw: Any, gdy: Any, sizes: tuple, prm: dict, alg: str
 ) -> Any:
-    from cc2ops.cuda import conv
+    from cc2ops.cuda.ops.conv import ops as conv
 
     hw, k = sizes
     if pas == "fwd":
@@ -180,8 +181,9 @@ def conv_section(
 ) -> dict[str, Any]:
     import torch
 
-    from cc2ops.cuda import array, conv
-    from cc2ops.cuda.profile import split_time
+    from cc2ops.cuda.ops.conv import ops as conv
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.profile import split_time
 
     t0 = time.perf_counter()
     rows = []

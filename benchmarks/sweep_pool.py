@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
-    from cc2ops.cuda import array
-    from cc2ops.cuda import pool as gpool
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.ops import pool as gpool
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(0)
     dev.activate()

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     import torch
 
-    from cc2ops.cuda.device import get_device
+    from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(0)
     dev.activate()
@@ -58,8 +58,8 @@ def _sweep(k: int, rng, report, timing: dict, sms: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from cc2ops.cuda import array
-    from cc2ops.cuda import softmax_loss as gsl
+    from cc2ops.cuda.ops import softmax_loss as gsl
+    from cc2ops.cuda.runtime import array
     from cc2ops.softmax_loss import softmax_cross_entropy_reference
 
     b = 128

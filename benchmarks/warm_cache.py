@@ -28,7 +28,7 @@ from benchmarks.bench_conv import LAYERS  # noqa: E402
 def conv_specs(
     batches: list[int], precisions: list[str], capability: tuple[int, int] | None
 ) -> list:
-    from cc2ops.cuda import conv
+    from cc2ops.cuda.ops.conv import ops as conv
 
     specs = []
     for batch in batches:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="fp32,tf32")
     ap.add_argument("--jobs", type=int, default=None)
     args = ap.parse_args(argv)
-    from cc2ops.cuda.compile import cache_dir, precompile
+    from cc2ops.cuda.runtime.compile import cache_dir, precompile
 
     # the arch's own candidates too (wgmma tiles for sm_90)
     digits = args.arch.removeprefix("sm_").rstrip("abcdefghijklmnopqrstuvwxyz")

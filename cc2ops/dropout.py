@@ -29,7 +29,7 @@ kernel arguments) and its advance is the host op ``DropoutAdvance``. A GPU
 state drives ``GpuDropout`` directly (the kernel reads the state from device
 memory) and its advance is ``GpuDropoutAdvance`` (a one-thread kernel), so a
 GPU training step has no host node and no host read for dropout; see
-:mod:`cc2ops.cuda.dropout`. The masks are the same bits either way.
+:mod:`cc2ops.cuda.ops.dropout`. The masks are the same bits either way.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.type import TensorType
 
+from cc2ops import seam
 from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, Cc2Op, _as_tensor
 
 __all__ = [
@@ -331,19 +332,15 @@ def dropout_state(
             )
         if device < 0:
             raise ValueError(f"dropout_state: device must be >= 0, got {device}")
-        from cc2ops.cuda.type import shared as gpu_shared
-
-        state = gpu_shared(value, device=int(device), name=name, shape=(4,))
+        state = seam.backend().shared(value, device=int(device), name=name, shape=(4,))
     state.tag.cc2ops_dropout_state = True
     return state
 
 
 def _is_gpu_state(state: SharedVariable) -> bool:
-    # the GPU type is imported lazily: cc2ops.dropout must not need cc2ops.cuda
-    # for host states (importing cc2ops.cuda never touches CUDA either way)
-    from cc2ops.cuda.type import CudaArrayType
-
-    return isinstance(state.type, CudaArrayType)
+    # the GPU backend registered itself with cc2ops.seam when it was imported;
+    # cc2ops.dropout never imports it (a GPU state cannot exist without it)
+    return seam.is_gpu_variable(state)
 
 
 def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
@@ -396,12 +393,7 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
             "each dropout its own state (dropout_state(seed + k))"
         )
     if _is_gpu_state(state):
-        from cc2ops.cuda.dropout import GpuDropout, GpuDropoutAdvance
-        from cc2ops.cuda.transfer import as_gpu, host_from_gpu
-
-        gx = as_gpu(x, state.type.device)
-        y = host_from_gpu(GpuDropout(p)(gx, state))
-        update = GpuDropoutAdvance()(state, gx)
+        y, update = seam.backend().dropout(x, p, state)
     else:
         y = Dropout(p)(x, state)
         update = DropoutAdvance()(state, x.size)

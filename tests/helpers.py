@@ -48,7 +48,7 @@ GRAD_TOL = {
 def needs_nvcc() -> str:
     """The nvcc the kernel templates compile with; skips the test without one
     (CI has nvcc: the CPU-side kernel checks run there)."""
-    from cc2ops.cuda.compile import find_nvcc
+    from cc2ops.cuda.runtime.compile import find_nvcc
 
     path = find_nvcc()
     if path is None:
@@ -215,3 +215,55 @@ def expect_error(exc: type[Exception], match: str, fn: Callable, *args, **kwargs
     raise AssertionError(
         f"expected {exc.__name__} containing {match!r}, nothing raised"
     )
+
+
+# --------------------------------------------------------------------------
+# GPU test helpers (the tests under tests/cuda; the ``debug`` fixture is in
+# tests/cuda/conftest.py)
+# --------------------------------------------------------------------------
+
+
+def rel_err(got, want) -> float:
+    """``||got - want|| / ||want||`` in float64, or complex128 when either side is
+    complex (a float64 cast would drop the imaginary part); ``||got - want||``
+    when ``want`` is zero, ``inf`` for a shape mismatch."""
+    complex_ = np.iscomplexobj(got) or np.iscomplexobj(want)
+    dt = np.complex128 if complex_ else np.float64
+    got = np.asarray(got, dtype=dt)
+    want = np.asarray(want, dtype=dt)
+    if got.shape != want.shape:
+        return float("inf")
+    num = float(np.linalg.norm(got - want))
+    den = float(np.linalg.norm(want))
+    return num / den if den else num
+
+
+def to_gpu(a: np.ndarray, device: int = 0):
+    """``a`` copied to a GPUArray on device label ``device``."""
+    from cc2ops.cuda.runtime import array
+
+    return array.to_gpu(a, device)
+
+
+def close(
+    got,
+    want: np.ndarray,
+    dtype: str,
+    label: str,
+    tol: float | None = None,
+    *,
+    tol32: float = 1e-5,
+    check_dtype: bool = True,
+) -> None:
+    """Assert a GPU result (as numpy) against a float64 reference: shape, then
+    dtype (``check_dtype``), then finite values (NaN: unwritten under
+    ``CC2OPS_DEBUG``), then the relative error below ``tol`` (default ``tol32``
+    for float32, 1e-12 for float64). Every failure names ``label``."""
+    got = np.asarray(got)
+    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
+    if check_dtype:
+        assert str(got.dtype) == str(dtype), f"{label}: dtype {got.dtype}"
+    assert np.isfinite(got).all(), f"{label}: non-finite values (unwritten?)"
+    tol = tol or (tol32 if dtype == "float32" else 1e-12)
+    err = rel_err(got, want)
+    assert err < tol, f"{label}: relative error {err:.3g}"

@@ -28,8 +28,7 @@ sys.path.insert(0, str(EXAMPLE))
 
 import data  # noqa: E402
 import gpu_data  # noqa: E402
-
-from cc2ops.cuda.image_augment import image_augment_reference  # noqa: E402
+from cc2ops.cuda.ops.image_augment import image_augment_reference  # noqa: E402
 
 SCALE, CROP = 36, 32
 NORM = data.Normalisation((120.0, 110.5, 100.25), (60.0, 55.0, 50.0))

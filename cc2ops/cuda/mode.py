@@ -24,18 +24,17 @@ What the linker adds:
 
 Calling a compiled function: GPU-typed inputs take GPUArrays (numpy arrays
 are copied to the device by the type's ``filter``), GPU-typed outputs come
-back as GPUArrays (``cc2ops.cuda.array.to_host`` or ``.get()`` reads them),
+back as GPUArrays (``cc2ops.cuda.runtime.array.to_host`` or ``.get()`` reads them),
 host-typed outputs as numpy arrays.
 
-The GPU op modules under ``cc2ops.cuda`` register their lifting rules when
-imported; the mode imports all of them before a graph is rewritten.
+The GPU op modules (:mod:`cc2ops.cuda.ops`) register their lifting rules
+when imported, and importing :mod:`cc2ops.cuda` imports all of them, by name
+(see :func:`cc2ops.cuda.ops.load_gpu_op_modules`), so any graph this mode
+rewrites sees every rule.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,43 +43,17 @@ from pytensor.compile.ops import DeepCopyOp
 from pytensor.link.vm import VMLinker
 
 import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases and rules)
-from cc2ops.cuda.array import is_gpuarray, to_gpu
-from cc2ops.cuda.availability import require
-from cc2ops.cuda.device import _check_label
 from cc2ops.cuda.replay import DEFAULT_MAX_GRAPHS, ReplayVM
+from cc2ops.cuda.runtime.array import is_gpuarray, to_gpu
+from cc2ops.cuda.runtime.availability import require
+from cc2ops.cuda.runtime.device import _check_label
 from cc2ops.cuda.transfer import GpuDeepCopy
 from cc2ops.cuda.type import CudaArrayType
 
-__all__ = ["GpuMode", "GpuVMLinker", "mode", "MODE_NAME", "load_gpu_op_modules"]
+__all__ = ["GpuMode", "GpuVMLinker", "mode", "MODE_NAME"]
 
 MODE_NAME = "CC2OPS_GPU"
 LINKERS = ("cvm", "py")
-
-_modules_lock = threading.Lock()
-_modules_loaded = False
-
-
-def load_gpu_op_modules() -> list[str]:
-    """Import every public module of the ``cc2ops.cuda`` package (idempotent).
-
-    GPU op modules register their lifting rules and kernel variants at import;
-    returns the module names.
-    """
-    global _modules_loaded
-    import cc2ops.cuda as package
-
-    names = [
-        f"{package.__name__}.{info.name}"
-        for info in pkgutil.iter_modules(package.__path__)
-        if not info.name.startswith("_")
-    ]
-    if not _modules_loaded:
-        with _modules_lock:
-            if not _modules_loaded:
-                for name in names:
-                    importlib.import_module(name)
-                _modules_loaded = True
-    return names
 
 
 def _needs_cuda(fgraph: Any) -> bool:
@@ -181,12 +154,12 @@ class GpuVMLinker(VMLinker):
 
 
 class GpuMode(Mode):
-    """A ``Mode`` that loads the GPU op modules before its optimizer is used."""
+    """The GPU ``Mode``: its linker is a :class:`GpuVMLinker`.
 
-    @property
-    def optimizer(self) -> Any:
-        load_gpu_op_modules()
-        return super().optimizer
+    Its rewrites need no loading step: importing :mod:`cc2ops.cuda` (which
+    importing this module implies) imported every GPU op family, and each
+    registered its lifting rules then.
+    """
 
     @property
     def cc2ops_devices(self) -> tuple[int, ...]:
@@ -292,3 +265,21 @@ def mode(
 
 if MODE_NAME not in predefined_modes:
     register_mode(MODE_NAME, mode(0))
+
+
+def __getattr__(name: str) -> Any:
+    # load_gpu_op_modules moved to cc2ops.cuda.ops (the op modules are above
+    # the mode); the old name works until the next release
+    if name == "load_gpu_op_modules":
+        import importlib
+        import warnings
+
+        warnings.warn(
+            "cc2ops.cuda.mode.load_gpu_op_modules moved to "
+            "cc2ops.cuda.ops.load_gpu_op_modules; the old name works until the next "
+            "release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("cc2ops.cuda.ops").load_gpu_op_modules
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

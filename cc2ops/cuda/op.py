@@ -8,14 +8,15 @@ touches CUDA; CUDA is first touched when a compiled function is linked
 with the op's device current. GPU ops are never constant-folded: folding
 would run them while a graph is rewritten.
 
-The pattern for a GPU op (``cc2ops/cuda/<family>.py``)::
+The pattern for a GPU op (``cc2ops/cuda/ops/<family>.py``)::
 
     from pytensor.graph.basic import Apply
 
-    from cc2ops.cuda import array
-    from cc2ops.cuda.compile import get_kernel, launch, register_variants
-    from cc2ops.cuda.op import GpuOp, as_gpu_cotangent, as_gpu_variable
-    from cc2ops.graph.lift import register_lift, to_gpu
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.compile import get_kernel, launch, register_variants
+    from cc2ops.cuda.op import GpuOp, as_gpu_variable
+    from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+    from cc2ops.cuda.transfer import as_gpu_cotangent
 
     class GpuScale(GpuOp):
         __props__ = ("factor",)
@@ -50,29 +51,28 @@ The pattern for a GPU op (``cc2ops/cuda/<family>.py``)::
 Kernel templates live in ``cc2ops/cuda/kernels/<family>.cu``; register their
 representative constants with ``@register_variants("<family>")`` so the CPU
 test suite compiles them. Outputs are allocated with
-:func:`cc2ops.cuda.array.empty` (the device pool);
+:func:`cc2ops.cuda.runtime.array.empty` (the device pool);
 inputs may be non-contiguous views (``array.ascontiguous`` when a kernel needs
 C order). Cotangents may arrive host-typed (PyTensor adds gradient terms with
-host ops), so pullbacks pass them through :func:`as_gpu_cotangent`.
+host ops), so pullbacks pass them through
+:func:`cc2ops.cuda.transfer.as_gpu_cotangent`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
-from pytensor.graph.null_type import NullType
 
 from cc2ops._op import Cc2Op
-from cc2ops.cuda.availability import require
+from cc2ops.cuda.runtime.availability import require
+from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayType
 
 __all__ = [
     "GpuOp",
     "common_device",
     "as_gpu_variable",
-    "as_gpu_cotangent",
     "devices_of",
 ]
 
@@ -131,19 +131,6 @@ def as_gpu_variable(
     return x
 
 
-def as_gpu_cotangent(g: Variable, device: int) -> Variable:
-    """A cotangent as a GPU variable on ``device`` (disconnected/undefined pass).
-
-    Host cotangents get ``gpu_from_host``, GPU ones on another device get
-    ``gpu_to_gpu``.
-    """
-    if isinstance(g.type, (DisconnectedType, NullType)):
-        return g
-    from cc2ops.cuda.transfer import as_gpu
-
-    return as_gpu(g, device)
-
-
 class GpuOp(Cc2Op):
     """Base class of the cc2ops GPU ops (see the module docstring for the pattern).
 
@@ -184,8 +171,6 @@ class GpuOp(Cc2Op):
     ) -> None:
         # linking is where CUDA is first touched: fail here with the clear message
         require()
-        from cc2ops.cuda.device import get_device
-
         for label in devices_of(list(node.inputs) + list(node.outputs)):
             get_device(label)
 
@@ -197,8 +182,6 @@ class GpuOp(Cc2Op):
         no_recycling: Any,
         impl: str | None = None,
     ) -> Any:
-        from cc2ops.cuda.device import get_device
-
         thunk = super().make_thunk(
             node, storage_map, compute_map, no_recycling, impl=impl
         )
@@ -214,3 +197,22 @@ class GpuOp(Cc2Op):
         if hasattr(thunk, "perform"):
             gpu_thunk.perform = thunk.perform
         return gpu_thunk
+
+
+def __getattr__(name: str) -> Any:
+    # as_gpu_cotangent moved to cc2ops.cuda.transfer (it builds transfer ops,
+    # which are GpuOps: defining it here made op and transfer import each
+    # other); the old name works until the next release
+    if name == "as_gpu_cotangent":
+        import importlib
+        import warnings
+
+        warnings.warn(
+            "cc2ops.cuda.op.as_gpu_cotangent moved to "
+            "cc2ops.cuda.transfer.as_gpu_cotangent; the old name works until the "
+            "next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("cc2ops.cuda.transfer").as_gpu_cotangent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

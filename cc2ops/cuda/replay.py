@@ -7,7 +7,7 @@ out. Behind the call, its VM is wrapped in a :class:`ReplayVM`:
 - The first call with a given *signature* (every input's kind, shape, dtype
   and strides) runs eagerly: it compiles kernels and autotunes.
 - The next call with the same signature is captured into a
-  :class:`~cc2ops.cuda.graphs.CudaGraph`; that call and every later one with
+  :class:`~cc2ops.cuda.runtime.cudagraph.CudaGraph`; that call and every later one with
   the signature replays it with one driver call.
 - Host inputs are copied into pinned (page-locked) staging buffers of the
   graph and uploaded *inside* the graph; host outputs are downloaded inside
@@ -22,7 +22,7 @@ out. Behind the call, its VM is wrapped in a :class:`ReplayVM`:
 - A new signature captures a new graph; at most ``max_graphs`` are kept (the
   least recently used is freed first).
 - The softmax ops' label checks still raise ``ValueError``: they are deferred
-  to after each replay (:func:`~cc2ops.cuda.graphs.defer_check`).
+  to after each replay (:func:`~cc2ops.cuda.runtime.cudagraph.defer_check`).
 
 What cannot be captured runs eagerly, and a :class:`ReplayWarning` says why,
 once per function: host work that depends on *values* (not shapes) of host
@@ -32,7 +32,7 @@ physical devices, an input that is neither a host nor a GPU array, or a
 capture that failed (something synchronised). :func:`capture_plan` gives the
 verdict for a rewritten graph without a GPU.
 
-:func:`~cc2ops.cuda.graphs.capture_function` stays the explicit API (GPU
+:func:`~cc2ops.cuda.runtime.cudagraph.capture_function` stays the explicit API (GPU
 inputs and outputs only, outputs are the graph's own buffers).
 """
 
@@ -54,10 +54,11 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.type import TensorType
 
-from cc2ops.cuda import array, transfer
-from cc2ops.cuda.device import get_device, physical_index
-from cc2ops.cuda.graphs import CudaGraph, GraphCaptureError
+from cc2ops.cuda import transfer
 from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.cudagraph import CudaGraph, GraphCaptureError
+from cc2ops.cuda.runtime.device import get_device, physical_index
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu
 from cc2ops.cuda.type import CudaArrayType
 

@@ -14,7 +14,7 @@ Each is the other's pullback (``GpuToGpu(src, dst)``'s is ``GpuToGpu(dst,
 src)``), each infers its shape, and none is ever constant-folded: folding
 would run CUDA while a graph is rewritten, and a folded GPU constant would not
 survive pickling. Back-to-back pairs are cancelled by the rewrites in
-:mod:`cc2ops.graph.lift`.
+:mod:`cc2ops.cuda.rewriting.lift`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.null_type import NullType
 from pytensor.tensor.type import TensorType
 
-from cc2ops.cuda.array import (
+from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.runtime.array import (
     SUPPORTED_KINDS,
     ascontiguous,
     copy,
@@ -37,10 +38,9 @@ from cc2ops.cuda.array import (
     to_gpu,
     to_host,
 )
-from cc2ops.cuda.availability import driver
-from cc2ops.cuda.device import get_device
-from cc2ops.cuda.graphs import capturing, hold
-from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.runtime.availability import driver
+from cc2ops.cuda.runtime.cudagraph import capturing, hold
+from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayType
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "gpu_to_gpu",
     "as_gpu",
     "as_host",
+    "as_gpu_cotangent",
 ]
 
 
@@ -385,3 +386,14 @@ def as_host(x: Any) -> Variable:
             return owner.inputs[0]
         return host_from_gpu(x)
     return pt.as_tensor_variable(x)
+
+
+def as_gpu_cotangent(g: Variable, device: int) -> Variable:
+    """A cotangent as a GPU variable on ``device`` (disconnected/undefined pass).
+
+    Host cotangents get ``gpu_from_host``, GPU ones on another device get
+    ``gpu_to_gpu``.
+    """
+    if isinstance(g.type, (DisconnectedType, NullType)):
+        return g
+    return as_gpu(g, device)

@@ -2,7 +2,7 @@
 
 :class:`CudaArrayType` is a PyTensor ``Type`` (not a ``TensorType``) whose
 values are ``pycuda.gpuarray.GPUArray`` objects on one device *label* (see
-:mod:`cc2ops.cuda.device`). Building graphs with it, and rewriting them,
+:mod:`cc2ops.cuda.runtime.device`). Building graphs with it, and rewriting them,
 never touches CUDA:
 
 - variables and constants are plain graph objects; a
@@ -16,12 +16,13 @@ never touches CUDA:
 GPU variables act like tensors in expressions: ``W * 2``, ``W.T``, ``W[0]``,
 ``W.sum()`` and ``pt.as_tensor_variable(W)`` build host graphs through
 :func:`~cc2ops.cuda.transfer.host_from_gpu`; the GPU lifting rewrites
-(:mod:`cc2ops.graph.lift`) move the work back to the GPU where GPU ops exist.
+(:mod:`cc2ops.cuda.rewriting.lift`) move the work back to the GPU where GPU ops exist.
 """
 
 from __future__ import annotations
 
 import copy as _copy
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ from pytensor.tensor.basic import _as_tensor_variable, register_transfer
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorConstantSignature, _tensor_py_operators
 
-from cc2ops.cuda.array import (
+from cc2ops.cuda.runtime.array import (
     SUPPORTED_KINDS,
     copy,
     device_of,
@@ -45,7 +46,22 @@ from cc2ops.cuda.array import (
     to_gpu,
     to_host,
 )
-from cc2ops.cuda.device import physical_index
+from cc2ops.cuda.runtime.device import physical_index
+
+
+def _transfer() -> ModuleType:
+    """:mod:`cc2ops.cuda.transfer`, imported when first needed: the type/transfer seam.
+
+    The type converts between host and GPU variables (``convert_variable``,
+    ``as_tensor_variable``, ``x.transfer("cuda1")``, iteration) with the
+    transfer ops, and the transfer ops are typed with this type, so one of the
+    two must import the other late. This is that import, the only one of the
+    GPU graph core; it runs when a graph is built, never at import.
+    """
+    from cc2ops.cuda import transfer
+
+    return transfer
+
 
 __all__ = [
     "CudaArrayType",
@@ -123,7 +139,7 @@ class CudaArrayType(HasShape, Type):
     shape : tuple of int or None
         The static shape; ``None`` marks an extent known only at run time.
     device : int
-        The device label (``0`` by default); see :mod:`cc2ops.cuda.device`.
+        The device label (``0`` by default); see :mod:`cc2ops.cuda.runtime.device`.
 
     Notes
     -----
@@ -351,8 +367,7 @@ class CudaArrayType(HasShape, Type):
         static shape is more specific), which is what lets a shared GPU
         parameter take a host update expression.
         """
-        from cc2ops.cuda import transfer
-
+        transfer = _transfer()
         vtype = var.type
         if isinstance(vtype, CudaArrayType):
             if self.is_super(vtype):
@@ -407,9 +422,7 @@ class _CudaArrayOperators(_tensor_py_operators):
     """
 
     def __iter__(self):
-        from cc2ops.cuda.transfer import host_from_gpu
-
-        return iter(host_from_gpu(self))
+        return iter(_transfer().host_from_gpu(self))
 
 
 class CudaArrayVariable(_CudaArrayOperators, Variable):
@@ -603,9 +616,8 @@ def shared(
 
 @_as_tensor_variable.register(_CudaArrayOperators)
 def _as_tensor_cuda(x, name, ndim, **kwargs):
-    from cc2ops.cuda.transfer import host_from_gpu
-
-    return pt.as_tensor_variable(host_from_gpu(x), name=name, ndim=ndim, **kwargs)
+    host = _transfer().host_from_gpu(x)
+    return pt.as_tensor_variable(host, name=name, ndim=ndim, **kwargs)
 
 
 def _parse_target(target: Any) -> int | None:
@@ -627,9 +639,7 @@ def _transfer_to_cuda(var: Any, target: Any) -> Variable | None:
     label = _parse_target(target)
     if label is None:
         return None
-    from cc2ops.cuda.transfer import as_gpu
-
-    return as_gpu(var, label)
+    return _transfer().as_gpu(var, label)
 
 
 register_transfer(_transfer_to_cuda)

@@ -3,8 +3,11 @@
 Each database is registered once, here, under its own tag, so a mode opts in
 by name (``mode.including("cc2ops_gpu")``) and a user opts out the same way
 (``mode.excluding("cc2ops_fuse_softmax_loss")``). Rewrite modules under
-``cc2ops.graph`` and ``cc2ops.cuda`` register their rules into these databases;
-importing :mod:`cc2ops.graph` imports all of them.
+``cc2ops.graph`` register their rules into these databases when
+:mod:`cc2ops.graph` is imported; the GPU rules (:mod:`cc2ops.cuda.rewriting`
+and the GPU op modules) register theirs when :mod:`cc2ops.cuda` is imported.
+The databases live here, in the frontend, so the GPU backend registers into
+them and nothing here imports the backend.
 
 Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
 1, ``stabilize`` 1.5, ``BlasOpt`` 1.7, ``specialize`` 2, ``elemwise_fusion``
@@ -28,8 +31,9 @@ Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
     right and only ever matches cc2ops transfer ops. Inside
     ``cc2ops_gpu_lift`` every cancelling rule but
     ``host_from_gpu(gpu_from_host(x)) -> x`` runs too (see
-    :mod:`cc2ops.graph.lift`): that one waits until lifting is done, since an
-    explicit upload is what tells the lifting which data is on the GPU.
+    :mod:`cc2ops.cuda.rewriting.lift`): that one waits until lifting is done,
+    since an explicit upload is what tells the lifting which data is on the
+    GPU.
 """
 
 from __future__ import annotations

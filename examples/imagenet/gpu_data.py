@@ -18,7 +18,7 @@ twenty times less than the captured training step consumes. Here:
   or raise :class:`data.DatasetError` under ``--bad-images error``, exactly
   as ``--device cpu`` does;
 - the *consumer* (the training loop) makes the device's stream wait for that
-  event and launches one kernel, :func:`cc2ops.cuda.image_augment.augment`,
+  event and launches one kernel, :func:`cc2ops.cuda.ops.image_augment.augment`,
   which resizes (Pillow's BILINEAR arithmetic), cuts the plan's crop window,
   flips, normalises and writes the (B, 3, crop, crop) float32 batch;
 - at most ``depth`` prepared batches wait in a bounded queue, so reading and
@@ -31,7 +31,7 @@ Crop windows and flips come from the plan exactly as on the CPU (the resized
 size is computed from the size Pillow's JPEG ``draft`` would decode, see
 :func:`resize_target`), so a resumed run sees the same crops and flips, and
 the pixels differ from the CPU path only by the decoders (see
-:mod:`cc2ops.cuda.image_augment`).
+:mod:`cc2ops.cuda.ops.image_augment`).
 
 ``--synthetic`` draws its images on the device (:class:`GpuSyntheticSource`,
 Philox standard normals: other values than the CPU's
@@ -285,8 +285,8 @@ class CudaOps:
                 "'.[gpu-data]' (nvidia-nvimgcodec-cu13), or pass --data-device cpu "
                 "to decode with Pillow"
             ) from e
-        from cc2ops.cuda.availability import driver
-        from cc2ops.cuda.device import get_device
+        from cc2ops.cuda.runtime.availability import driver
+        from cc2ops.cuda.runtime.device import get_device
 
         self.device = device
         self.crop = crop
@@ -430,8 +430,8 @@ class CudaOps:
     def finish(self, slot: Slot, n: int) -> tuple[Any, Any]:
         """(x, y) of a prepared slot: the augment kernel queued on the device's
         stream after the slot's uploads and decodes."""
-        from cc2ops.cuda import array
-        from cc2ops.cuda.image_augment import augment
+        from cc2ops.cuda.ops.image_augment import augment
+        from cc2ops.cuda.runtime import array
 
         st = slot.state
         self._dev.activate()
@@ -630,8 +630,8 @@ class GpuSyntheticSource:
         if self._draw is not None:
             x = self._draw((n, 3, self.crop, self.crop), (k0, k1), self.crop)
             return data.Batch(x, y)
-        from cc2ops.cuda import array
-        from cc2ops.cuda.image_augment import normal
+        from cc2ops.cuda.ops.image_augment import normal
+        from cc2ops.cuda.runtime import array
 
         x = array.empty((n, 3, self.crop, self.crop), np.float32, self.device)
         normal(x, (k0, k1), 0, self.crop, self.device)

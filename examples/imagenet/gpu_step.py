@@ -107,7 +107,7 @@ def _updated_cells(fn: Any) -> list[tuple[Any, Any]]:
 def call_keeping_buffers(fn: Any, args: Sequence[Any], device: int) -> Any:
     """``fn(*args)``, then every updated GPU shared variable copied back into
     the buffer it had before the call (a captured graph reads that one)."""
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     before = _updated_cells(fn)
     out = fn(*args)
@@ -148,14 +148,14 @@ class DeviceHistory:
         self._read = read_column or self._cuda_read
 
     def _cuda_alloc(self, n: int, dtype: Any) -> Any:
-        from cc2ops.cuda import array
+        from cc2ops.cuda.runtime import array
 
         return array.empty((n,), dtype, self.device)
 
     def _cuda_copy(self, col: Any, row: int, value: Any) -> None:
-        from cc2ops.cuda import array
-        from cc2ops.cuda.availability import driver
-        from cc2ops.cuda.device import get_device
+        from cc2ops.cuda.runtime import array
+        from cc2ops.cuda.runtime.availability import driver
+        from cc2ops.cuda.runtime.device import get_device
 
         dev = get_device(self.device)
         size = np.dtype(col.dtype).itemsize
@@ -164,7 +164,7 @@ class DeviceHistory:
         )
 
     def _cuda_read(self, col: Any, rows: int) -> np.ndarray:
-        from cc2ops.cuda import array
+        from cc2ops.cuda.runtime import array
 
         return array.to_host(col[:rows], self.device)
 
@@ -294,7 +294,7 @@ class GraphRunner:
         if to_device is None:
 
             def to_device(a: np.ndarray) -> Any:
-                from cc2ops.cuda import array
+                from cc2ops.cuda.runtime import array
 
                 return array.to_gpu(a, device)
 

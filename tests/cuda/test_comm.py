@@ -220,8 +220,9 @@ def test_gpu_collective_gradients_match_the_host_ones(virtual_two):
 
 @pytest.mark.gpu
 def test_nccl_loads_and_a_one_gpu_communicator_works():
-    from cc2ops.cuda import array
     from cc2ops.cuda.device import get_device
+
+    from cc2ops.cuda import array
 
     major, minor, _ = nccl.version()
     assert (major, minor) >= (2, 0)

@@ -72,7 +72,7 @@ def folder(tmp_path_factory) -> Path:
 
 def test_gpu_batches_match_the_cpu_path(folder):
     pytest.importorskip("nvidia.nvimgcodec")
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
 
     split = data.scan_split(folder, "train")
     cpu = data.FolderSource(split, SCALE, CROP, NORM)

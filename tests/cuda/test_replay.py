@@ -23,8 +23,8 @@ from pytensor.graph.fg import FunctionGraph
 
 import cc2ops
 import cc2ops.cuda as cuda
-from cc2ops.cuda import array
 from cc2ops.cuda.replay import ReplayVM, ReplayWarning, capture_plan
+from cc2ops.cuda.runtime import array
 
 gpu = pytest.mark.gpu
 

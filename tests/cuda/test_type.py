@@ -18,9 +18,9 @@ from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.type import TensorType
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda import availability, device
 from cc2ops.cuda import type as ctype
-from cc2ops.cuda.device import PoolAllocator
+from cc2ops.cuda.runtime import availability, device
+from cc2ops.cuda.runtime.device import PoolAllocator
 from cc2ops.cuda.transfer import GpuFromHost, GpuToGpu, HostFromGpu
 from cc2ops.cuda.type import (
     CudaArrayConstant,

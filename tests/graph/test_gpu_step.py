@@ -134,7 +134,7 @@ def check_gpu_step(fgraph, step, shape_scalars=False):
 
 
 def test_creating_gpu_parameters_does_not_touch_cuda(monkeypatch):
-    import cc2ops.cuda.array as garray
+    import cc2ops.cuda.runtime.array as garray
 
     def forbidden(*args, **kwargs):
         raise AssertionError("CUDA was touched while building the step")

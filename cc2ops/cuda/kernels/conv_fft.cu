@@ -1,5 +1,5 @@
 <%doc>
-2-D real FFTs of the FFT convolution (cc2ops.cuda.conv_fft): the forward
+2-D real FFTs of the FFT convolution (cc2ops.cuda.ops.conv.fft): the forward
 transform of planes into bin-major spectra, and the inverse transform of
 bin-major spectra into cropped planes. No cuFFT: every transform is
 generated here for one size, and the one-dimensional FFTs are unrolled

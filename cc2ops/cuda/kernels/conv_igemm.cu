@@ -4,7 +4,7 @@ fp32 accumulation, cp.async global->shared copies in a STAGES-deep ring, the
 im2col addresses computed on the fly (no column buffer).
 
 The index maps are specified, and emulated in numpy, by
-cc2ops/cuda/conv_igemm.py (a_offset, b_offset, c_offset, load maps): every
+cc2ops/cuda/ops/conv/twins.py (a_offset, b_offset, c_offset, load maps): every
 formula below has its twin there, under the same names.
 
 Constants
@@ -53,7 +53,7 @@ and B, so the sum over k is unchanged): a thread's two k values are adjacent
 and its k-contiguous fragments load as float2. With the paddings above every
 fragment load is free of bank conflicts.
 
-wgmma (WGMMA = 1, compiled for sm_90a; conv_igemm.py's wgmma_* and gmma_*
+wgmma (WGMMA = 1, compiled for sm_90a; twins.py's wgmma_* and gmma_*
 functions specify and emulate every map below, under the same names)
   BM/64 warpgroups of 128 threads. Warpgroup g owns rows 64g .. 64g + 63 of
   the block tile and all BN columns: per k8 step it issues one
@@ -87,7 +87,7 @@ functions specify and emulate every map below, under the same names)
   they read (truncation), so ${name}_wperm rounds the weights to TF32 once;
   the activations are truncated.
 
-stream-K (STREAMK = 1; conv_igemm.py's streamk_* functions and
+stream-K (STREAMK = 1; twins.py's streamk_* functions and
 emulate_streamk)
   A persistent grid of G blocks shares the iterations (tile, k tile) of all
   tiles x ktiles, tile-major (tile = (grp*tiles_n + n tile)*tiles_m + m tile):
@@ -100,7 +100,7 @@ emulate_streamk)
   segment's partial in block order (its own read back too), zeroes the
   flag for the next launch and stores the tile. No block waits for another.
 
-wgmma weight gradient (op "wgradtm"; conv_igemm.py's wgrad_* functions)
+wgmma weight gradient (op "wgradtm"; twins.py's wgrad_* functions)
   Per filter tap t = u*KW + v: C[f, c] = sum over pixels k = (img*OH + oh)*OW
   + ow of dy[img][grp*Fg + f][oh][ow] * x[img][grp*Cg + c][oh*SH - PH + u]
   [ow*SW - PW + v]: M = Fg, N = Cg, K = B*OH*OW, both operands K-major in
@@ -796,7 +796,7 @@ extern "C" __global__ void ${name}_sum(
 </%def>\
 <%def name="nhwc_b_pixels()">\
 ## BNHWC = 1: the pixels of the B rows this thread copies (rows
-## wgmma_a_row(tid, e), as A's), decoded once (conv_igemm.b_offset, nhwc).
+## wgmma_a_row(tid, e), as A's), decoded once (twins.b_offset, nhwc).
 <%
 NBR = BN * 8 // THREADS
 %>\
@@ -827,7 +827,7 @@ NBR = BN * 8 // THREADS
     }
 </%def>\
 <%def name="nhwc_b_copies()">\
-## BNHWC = 1: load_tile's B copies (conv_igemm.b_offset with nhwc=True).
+## BNHWC = 1: load_tile's B copies (twins.b_offset with nhwc=True).
         {
             // the whole slice is tap t = k0 / CK; kc0 its first channel (filter)
             const int tap = k0 / ${"Cg" if op == "fwdtm" else "Fg"};
@@ -1137,7 +1137,7 @@ ${col_offset("n")}
 </%def>\
 <%def name="streamk_loop()">\
 ## STREAMK = 1: the kernel body after the thread indices (see "stream-K" in
-## the doc block; conv_igemm.streamk_items and emulate_streamk are its twins).
+## the doc block; twins.streamk_items and emulate_streamk are its twins).
     const int HW = H * W;
     const int OHW = OH * OW;
     // this block's run [it, it_stop) of the iterations (tile, k tile), tile-major

@@ -2,7 +2,7 @@
 Strided -> C-contiguous copy of `unit`-byte elements.
 
 Constants: name (kernel name), unit (1, 2, 4 or 8 bytes), maxdim (the most
-dimensions a geometry may have). The Python side (cc2ops.cuda.array) merges
+dimensions a geometry may have). The Python side (cc2ops.cuda.runtime.array) merges
 mergeable dimensions and splits elements wider than `unit`, then passes the
 element count, the number of dimensions and, per dimension, the extent n<d> and
 the source stride s<d> in elements (may be negative or zero); unused

@@ -1,6 +1,6 @@
 <%doc>
 Hold a stream busy for a given time: one thread reads the global nanosecond
-timer until ns have passed (cc2ops.cuda.profile uses it to keep the device
+timer until ns have passed (cc2ops.cuda.runtime.profile uses it to keep the device
 busy while the host queues the work it times, so that CUDA events measure
 device time without the host's launch gaps).
 

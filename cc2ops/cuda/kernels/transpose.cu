@@ -5,7 +5,7 @@ other dimensions.
 Constants: name (kernel name), unit (element size in bytes: 1, 2, 4 or 8),
 maxbatch (the most batch dimensions a geometry may have).
 
-The Python side (cc2ops.cuda.basic.contiguous) sees an output of C-order
+The Python side (cc2ops.cuda.ops.tensor.basic.contiguous) sees an output of C-order
 shape (..., J, ..., L) where L is the output's innermost axis and J is the
 axis along which the *input* has unit stride. Each 32x32 tile is read from
 the input along J (coalesced), kept in shared memory and written to the

@@ -1,0 +1,45 @@
+"""The GPU ops, one module (or package) per family, above the GPU graph core.
+
+Families of cc2ops: :mod:`~.conv`, :mod:`~.pool`, :mod:`~.response_norm`,
+:mod:`~.softmax_loss`, :mod:`~.dropout`; the input pipeline's
+:mod:`~.image_augment` (a launcher, no graph op); GPU ports of PyTensor's ops:
+:mod:`~.tensor`. Each module registers, when imported, its lifting rules
+(:func:`cc2ops.cuda.rewriting.lift.register_lift`) and kernel variants
+(:func:`cc2ops.cuda.runtime.compile.register_variants`); importing this package
+imports every one of them, by name, so there is no scan and a new family is
+added to the list below.
+"""
+
+from __future__ import annotations
+
+from cc2ops.cuda.ops import (  # noqa: F401  (each registers its rules at import)
+    conv,
+    dropout,
+    image_augment,
+    pool,
+    response_norm,
+    softmax_loss,
+    tensor,
+)
+from cc2ops.cuda.runtime import array, profile  # register the copy/fill/spin kernels
+
+__all__ = ["MODULES", "load_gpu_op_modules"]
+
+#: Every module that registers GPU ops, lifting rules or kernel variants (the
+#: runtime's copy, fill and spin kernels included, for the compile test).
+MODULES = (
+    array,
+    profile,
+    *tensor.MODULES,
+    *conv.MODULES,
+    pool,
+    response_norm,
+    softmax_loss,
+    dropout,
+    image_augment,
+)
+
+
+def load_gpu_op_modules() -> list[str]:
+    """The names of :data:`MODULES` (all imported with this package)."""
+    return [m.__name__ for m in MODULES]

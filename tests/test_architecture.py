@@ -1,0 +1,158 @@
+"""The layering of the package, checked: every dependency points down.
+
+``lint-imports`` checks the import contracts of ``pyproject.toml`` statically
+(the frontend never imports ``cc2ops.cuda``, the CUDA runtime needs neither
+PyTensor nor the graph core, layers inside ``cc2ops.cuda`` only import
+downward, the core never imports ``cc2ops.backends``); the other tests check
+what a fresh interpreter actually loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _loaded_after(statement: str) -> list[str]:
+    proc = _run(
+        f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_contracts():
+    lint = Path(sys.executable).with_name("lint-imports")
+    cmd = [str(lint)] if lint.exists() else [sys.executable, "-m", "importlinter.cli"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    proc = subprocess.run(
+        [*cmd, "--no-cache"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"Contracts: [1-9][0-9]* kept, 0 broken", proc.stdout), proc.stdout
+
+
+def test_import_cc2ops_loads_no_backend():
+    loaded = _loaded_after("import cc2ops")
+    assert "cc2ops" in loaded and "cc2ops.conv" in loaded
+    cuda = [m for m in loaded if m == "cc2ops.cuda" or m.startswith("cc2ops.cuda.")]
+    assert cuda == [], f"import cc2ops loaded {cuda}"
+    heavy = [
+        m
+        for m in loaded
+        if m.split(".")[0] in ("numba", "jax", "jaxlib", "torch", "pycuda", "mlx")
+    ]
+    assert heavy == [], f"import cc2ops loaded {heavy}"
+
+
+def test_gpu_dropout_state_goes_through_the_seam():
+    """A GPU dropout state in a program that never imported cc2ops.cuda: the
+    seam imports the backend by name, which registers itself (no CUDA used)."""
+    proc = _run(
+        "import sys\n"
+        "import cc2ops\n"
+        "from cc2ops import seam\n"
+        "assert seam.registered() is None\n"
+        "state = cc2ops.dropout_state(3, device=1)\n"
+        "assert 'cc2ops.cuda' in sys.modules\n"
+        "assert seam.registered().name == 'cc2ops.cuda'\n"
+        "assert seam.is_gpu_variable(state)\n"
+        "print(state.type)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CudaArrayType(uint32, shape=(4,), device=1)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("cc2ops.cuda.device", "cc2ops.cuda.runtime.device"),
+        ("cc2ops.cuda.conv", "cc2ops.cuda.ops.conv.ops"),
+        ("cc2ops.cuda.blas", "cc2ops.cuda.libs.cublas"),
+        ("cc2ops.cuda.blas_ops", "cc2ops.cuda.ops.tensor.blas"),
+        ("cc2ops.cuda.graphs", "cc2ops.cuda.capture"),
+        ("cc2ops.graph.lift", "cc2ops.cuda.rewriting.lift"),
+    ],
+)
+def test_old_module_paths_warn_and_alias(old, new):
+    package, name = old.rsplit(".", 1)
+    proc = _run(
+        "import importlib, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        f"import {package}\n"
+        "try:\n"
+        f"    importlib.import_module({old!r})\n"
+        "except DeprecationWarning as e:\n"
+        "    print('warned:', e)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"import {old} as via_import\n"
+        f"from {package} import {name} as via_from\n"
+        f"new = importlib.import_module({new!r})\n"
+        "assert via_import is new and via_from is new\n"
+        f"assert new.__spec__.name == {new!r}\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"warned: {old} moved to {new}" in proc.stdout
+
+
+def test_moved_names_warn():
+    import importlib
+
+    # (cc2ops.cuda.mode the attribute is the mode function, as in 0.1)
+    gpu_mode = importlib.import_module("cc2ops.cuda.mode")
+    gpu_op = importlib.import_module("cc2ops.cuda.op")
+    from cc2ops.cuda.ops import load_gpu_op_modules
+    from cc2ops.cuda.transfer import as_gpu_cotangent
+
+    with pytest.warns(DeprecationWarning, match="moved to cc2ops.cuda.transfer"):
+        assert gpu_op.as_gpu_cotangent is as_gpu_cotangent
+    with pytest.warns(DeprecationWarning, match="moved to cc2ops.cuda.ops"):
+        assert gpu_mode.load_gpu_op_modules is load_gpu_op_modules
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        gpu_op.nothing  # noqa: B018
+
+
+def test_every_gpu_op_module_is_listed():
+    """The explicit module list replaced a pkgutil scan: every module under
+    cc2ops/cuda/ops is in it (a new family must be added by name)."""
+    from cc2ops.cuda.ops import load_gpu_op_modules
+
+    on_disk = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in (ROOT / "cc2ops" / "cuda" / "ops").rglob("*.py")
+        # twins.py is the conv kernels' numpy test oracle: it registers nothing
+        if p.name not in ("__init__.py", "twins.py")
+    }
+    listed = {m for m in load_gpu_op_modules() if m.startswith("cc2ops.cuda.ops.")}
+    assert on_disk == listed
