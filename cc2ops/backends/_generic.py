@@ -531,7 +531,8 @@ def dropout(A: Arrays, op: Dropout, node: Apply):
 def dropout_advance(A: Arrays, op: DropoutAdvance, node: Apply):
     def dropout_advance(state, n):
         s = A.astype(state, A.word)
-        blocks = A.astype((A.astype(n, "int64") + 3) // 4, A.word)
+        n = A.reshape(A.astype(n, "int64"), ())  # a 0-d array on every backend
+        blocks = A.astype((n + 3) // 4, A.word)
         lo, hi = _add_counter(A, s[2], s[3], blocks)
         return A.astype(A.stack([s[0], s[1], lo, hi], axis=0), "uint32")
 
