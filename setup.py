@@ -27,6 +27,19 @@ setup(
         "cuda": ["pycuda", "mako"],
         "test": ["pytest", "hypothesis", "mako"],
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
+        # PyTensor's other linkers; cc2ops registers its ops with each
+        "jax": ["jax"],
+        "pytorch": ["torch"],
+        "mlx": [
+            "mlx[cpu]; platform_system == 'Linux'",
+            "mlx; platform_system != 'Linux'",
+        ],
+        # examples/pymc_digits: no PyMC release supports PyTensor 3 on Python 3.11
+        "pymc": [
+            "pymc>=6; python_version >= '3.12'",
+            "numpyro; python_version >= '3.12'",
+            "jax",
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
