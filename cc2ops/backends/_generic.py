@@ -75,6 +75,10 @@ class Arrays:
     def astype(self, a: Any, dtype: str) -> Any:
         raise NotImplementedError
 
+    def arange(self, n: int, dtype: str) -> Any:
+        """``0 .. n-1``; computed on the backend, not embedded as a constant."""
+        raise NotImplementedError
+
     def dtype_name(self, a: Any) -> str:
         raise NotImplementedError
 
@@ -504,7 +508,7 @@ def dropout_mask(A: Arrays, state, n: int, p: float):
     """The keep mask (bool, ``n`` elements, C order), :func:`dropout_mask_reference`."""
     s = A.astype(state, A.word)
     blocks = -(-n // 4)
-    q = A.constant(np.arange(blocks, dtype=A.word))
+    q = A.arange(blocks, A.word)
     b_lo, b_hi = _add_counter(A, s[2], s[3], q)
     zero = A.zeros((blocks,), A.word)
     words = philox4x32_10(A, b_lo, b_hi, zero, zero, s[0], s[1])

@@ -75,6 +75,9 @@ class JaxArrays(_generic.Arrays):
     def astype(self, a, dtype):
         return jnp.asarray(a).astype(dtype)
 
+    def arange(self, n, dtype):
+        return jnp.arange(n, dtype=dtype)
+
     def dtype_name(self, a):
         return str(a.dtype)
 

@@ -61,6 +61,9 @@ class MlxArrays(_generic.Arrays):
             a = mx.array(a)
         return a.astype(_DTYPES[dtype])
 
+    def arange(self, n, dtype):
+        return mx.arange(n, dtype=_DTYPES[dtype])
+
     def dtype_name(self, a):
         return str(a.dtype).removeprefix("mlx.core.")
 

@@ -62,6 +62,9 @@ class TorchArrays(_generic.Arrays):
     def astype(self, a, dtype):
         return torch.as_tensor(a).to(_DTYPES[dtype])
 
+    def arange(self, n, dtype):
+        return torch.arange(n, dtype=_DTYPES[dtype])
+
     def dtype_name(self, a):
         return str(a.dtype).removeprefix("torch.")
 
