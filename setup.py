@@ -29,6 +29,19 @@ setup(
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
         # the example's GPU input pipeline (JPEG decoding on the GPU)
         "gpu-data": ["nvidia-nvimgcodec-cu13"],
+        # PyTensor's other linkers; cc2ops registers its ops with each
+        "jax": ["jax"],
+        "pytorch": ["torch"],
+        "mlx": [
+            "mlx[cpu]; platform_system == 'Linux'",
+            "mlx; platform_system != 'Linux'",
+        ],
+        # examples/pymc_digits: no PyMC release supports PyTensor 3 on Python 3.11
+        "pymc": [
+            "pymc>=6; python_version >= '3.12'",
+            "numpyro; python_version >= '3.12'",
+            "jax",
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

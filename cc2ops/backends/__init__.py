@@ -13,7 +13,17 @@ graph. So
   mode's backend, however the dispatch package was reached (a linker,
   ``pymc.sampling.jax``, a direct ``jax_funcify`` call);
 - if PyTensor's dispatch package was already imported before cc2ops, the hook
-  runs at once.
+  runs at once;
+- a backend module that fails to import (its library is installed, since
+  PyTensor's dispatch package imported it) raises ``ImportError`` from that
+  import, so a broken backend can never leave the cc2ops ops (or the fused
+  softmax-loss ops the ``fast_run`` rewrite inserts) without an
+  implementation silently.
+
+:mod:`cc2ops.backends.rewriting` (imported here, so at ``import cc2ops``)
+holds the ``jax``/``mlx``-tagged rewrite that makes the (H, W) inputs of the
+gradient ops static; :mod:`cc2ops.backends._generic` the op bodies that the
+JAX, PyTorch and MLX modules share.
 
 =============  ====================================  =====================
 module         PyTensor dispatch package              needs
@@ -32,6 +42,10 @@ import importlib.util
 
 from wrapt import register_post_import_hook
 
+# the static-shape rewrite for JAX/MLX: registered at ``import cc2ops``, since
+# the modes query their rewrite databases before the linker imports a backend
+from cc2ops.backends import rewriting  # noqa: F401
+
 #: cc2ops backend module -> the PyTensor dispatch package that triggers it.
 BACKENDS: dict[str, str] = {
     "numba": "pytensor.link.numba.dispatch",
@@ -43,7 +57,17 @@ BACKENDS: dict[str, str] = {
 
 def _loader(name: str):
     def load(_module) -> None:
-        importlib.import_module(f"cc2ops.backends.{name}")
+        try:
+            importlib.import_module(f"cc2ops.backends.{name}")
+        except Exception as e:
+            # Loud on purpose: without the module every cc2ops op, and the
+            # ops the fast_run softmax-loss fusion inserts into graphs that
+            # use no cc2ops op, would fail later with "No conversion".
+            raise ImportError(
+                f"cc2ops: cc2ops.backends.{name} failed to import after "
+                f"{BACKENDS[name]}, so the cc2ops ops would have no {name} "
+                f"implementation: {type(e).__name__}: {e}"
+            ) from e
 
     return load
 

@@ -18,6 +18,12 @@ Positions in ``optdb`` (PyTensor's own stages for reference: ``canonicalize``
     and before ``specialize``. Tagged ``fast_run`` too: the fused op is exact,
     more stable than the graph it replaces, and only matches the softmax-loss
     patterns, so the default mode gets it once cc2ops is imported.
+``cc2ops_static_shapes`` (0.2)
+    Tagged ``jax`` and ``mlx`` only: makes the (H, W)-style inputs of the
+    gradient ops static for backends that trace with concrete shapes (see
+    :mod:`cc2ops.backends.rewriting`). Right after ``ShapeOpt`` (0.1) and
+    before ``canonicalize``, which would turn ``x.shape[2]`` into arithmetic
+    of other shapes that a tracer cannot read.
 ``cc2ops_gpu_lift`` (49.2)
     Host op -> GPU op rules and transfer cancelling. After PyTensor's
     elementwise fusion, so fused ``Composite`` nodes are lifted whole; before
@@ -41,6 +47,7 @@ from __future__ import annotations
 from pytensor.compile.mode import optdb
 from pytensor.graph.rewriting.db import EquilibriumDB, SequenceDB
 
+STATIC_SHAPES_POSITION = 0.2
 FUSE_SOFTMAX_LOSS_POSITION = 1.55
 GPU_LIFT_POSITION = 49.2
 TRANSFER_CANCEL_POSITION = 49.25
@@ -48,6 +55,9 @@ GPU_INPLACE_POSITION = 50.6
 
 #: Softmax + cross-entropy fusion rules (CPU; GPU lifting picks the result up).
 fuse_softmax_loss_db = EquilibriumDB()
+
+#: Static (H, W) inputs for JAX and MLX (tags ``jax``, ``mlx``).
+static_shapes_db = SequenceDB()
 
 #: Host -> GPU lifting, applied until no rule matches.
 gpu_lift_db = EquilibriumDB()
@@ -72,6 +82,13 @@ def register_databases() -> None:
         "fast_run",
         "cc2ops",
         position=FUSE_SOFTMAX_LOSS_POSITION,
+    )
+    optdb.register(
+        "cc2ops_static_shapes",
+        static_shapes_db,
+        "jax",
+        "mlx",
+        position=STATIC_SHAPES_POSITION,
     )
     optdb.register(
         "cc2ops_gpu_lift",
