@@ -291,6 +291,9 @@ class ReduceScatter(_CommOp):
         self.axis = _check_axis("ReduceScatter", axis)
 
     def make_node(self, *xs: Any, sizes: Any = None) -> Apply:
+        if sizes is None and len(xs) == self.n + 1:
+            # the sizes input passed positionally (clone_with_new_inputs)
+            *xs, sizes = xs
         xs = _tensors("ReduceScatter", xs, self.n, self.axis)
         inputs = list(xs)
         if sizes is not None:
@@ -778,6 +781,17 @@ class CommBackend(ABC):
                 )
             )
         return pieces
+
+    def gradient_all_reduce(self, xs: Sequence[Variable]) -> list[Variable]:
+        """The per-device sums of a replicated parameter's gradient summands
+        (what localisation turns its ``Reduce`` into); a backend with several
+        data-parallel groups adds the reduction across groups here."""
+        return self.all_reduce(xs)
+
+    def gradient_shards(self, xs: Sequence[Variable]) -> list[Variable]:
+        """The per-device gradient shards of a sharded parameter (its
+        ``Gather``'s inputs, kept local)."""
+        return list(xs)
 
     def state_view(self, part: Variable, out: Variable) -> Variable:
         """``part`` typed to replace ``out`` (a Broadcast/Scatter output)."""

@@ -1018,6 +1018,10 @@ class _Localised:
             out.append(np.array(value[tuple(index)], copy=True))
         return out
 
+    def install_views(self, var: SharedVariable) -> None:
+        """Make ``var.get_value``/``set_value`` assemble from / split into the parts."""
+        _view_methods(var, self)
+
 
 def _view_methods(var: SharedVariable, loc: _Localised) -> None:
     """Make ``var.get_value``/``set_value`` assemble from / split into the parts."""
@@ -1092,7 +1096,8 @@ def localise(
     ins = [FunctionMaker.wrap_in(i) for i in inputs]
     updates = {i.variable: i.update for i in ins if i.update is not None}
     graph_outs = outs + list(updates.values())
-    loc = _Localised()
+    loc = backend.new_localised() if hasattr(backend, "new_localised") else None
+    loc = _Localised() if loc is None else loc
     found = _distribution_nodes(graph_outs)
     if not found:
         return inputs, outputs, loc
@@ -1159,7 +1164,7 @@ def localise(
                     shared=True,
                 )
             )
-        _view_methods(var, loc)
+        loc.install_views(var)
     return new_ins, (new_outs[0] if single else new_outs), loc
 
 
@@ -1196,10 +1201,16 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
         kind = comm_kind(node.op)
         if kind == "reduce":
             dz.set(
-                node.outputs[0], REPLICATED, dz._tag(backend.all_reduce(node.inputs))
+                node.outputs[0],
+                REPLICATED,
+                dz._tag(backend.gradient_all_reduce(node.inputs)),
             )
         elif kind == "gather":
-            dz.set(node.outputs[0], sharded(node.op.axis), list(node.inputs))
+            dz.set(
+                node.outputs[0],
+                sharded(node.op.axis),
+                backend.gradient_shards(list(node.inputs)),
+            )
     # Shapes of values that are not distributed state (e.g. the per-device
     # activations whose sizes a dropout state's counter advance adds up) are
     # root integers: their ancestors, the already per-device forward graph,
