@@ -112,6 +112,13 @@ class Communicator(ABC):
     timeout: float
     name: str = "comm"
 
+    @property
+    def stats(self) -> dict[str, list]:
+        """``{kind: [calls, seconds]}`` of the SPMD ops' calls (benchmarks)."""
+        if "_stats" not in self.__dict__:
+            self._stats: dict[str, list] = {}
+        return self._stats
+
     @abstractmethod
     def all_reduce(self, x: Any, what: str = "all_reduce") -> Any:
         """The sum over the ranks of ``x`` (every rank the same shape)."""

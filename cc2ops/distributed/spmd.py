@@ -56,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import time
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,11 +72,13 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.traversal import toposort
 from pytensor.tensor.exceptions import ShapeError
 from pytensor.tensor.shape import Shape, Shape_i
+from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type import TensorType
 
 from cc2ops._op import Cc2Op
 from cc2ops.comm import Shard, VirtualBackend, _symbolic_piece, shard_bounds
 from cc2ops.distributed.communicator import (
+    CommError,
     Communicator,
     MPICommunicator,
     lookup,
@@ -293,6 +296,15 @@ class SpmdCollective(Cc2Op):
         comm = lookup(self.comm)
         token, *xs = inputs
         what = f"collective #{self.seq} {self.kind} on {comm.name}"
+        start = time.perf_counter()
+        try:
+            self._run(comm, what, token, xs, outputs)
+        finally:
+            stat = comm.stats.setdefault(self.kind, [0, 0.0])
+            stat[0] += 1
+            stat[1] += time.perf_counter() - start
+
+    def _run(self, comm, what, token, xs, outputs):
         if self.kind == "all_reduce":
             y = comm.all_reduce(xs[0], what)
         elif self.kind == "all_gather":
@@ -358,6 +370,17 @@ def _ghost(value: np.ndarray, name: str) -> SharedVariable:
     return pytensor.shared(ghost, name=name, shape=value.shape, borrow=True)
 
 
+def _part_like(var: SharedVariable, value: np.ndarray, name: str) -> SharedVariable:
+    """A shared variable of ``var``'s class (a GPU shared variable stays one, on
+    its device) holding ``value`` (its static shape, when ``var``'s type has one)."""
+    if type(var) is TensorSharedVariable:
+        return pytensor.shared(value, name=name)
+    typ = var.type
+    if any(d is not None for d in getattr(typ, "shape", ())):
+        typ = typ.clone(shape=tuple(value.shape))
+    return type(var)(name=name, type=typ, value=value, strict=False)
+
+
 class _SpmdLocalised(mg._Localised):
     """The state of one rank: its own parts are real, the others are ghosts."""
 
@@ -404,9 +427,19 @@ class SpmdBackend(VirtualBackend):
     topo : Topology
     """
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(
+        self,
+        topo: Topology,
+        keys: dict[str, str] | None = None,
+        keep_trivial: bool = False,
+    ) -> None:
         super().__init__(range(topo.group_size))
         self.topo = topo
+        #: registry keys of the communicators the ops call ("group", "cross")
+        self.keys = keys or {c: f"{topo.key}:{c}" for c in ("group", "cross")}
+        #: keep collectives over one process (tests of the communicator path);
+        #: by default they are the identity and cost nothing
+        self.keep_trivial = bool(keep_trivial)
 
     @property
     def position(self) -> int:
@@ -431,9 +464,7 @@ class SpmdBackend(VirtualBackend):
             elif placement.kind == "replicated" and k == 0:
                 parts.append(var)
             else:
-                parts.append(
-                    pytensor.shared(np.array(piece, copy=True), name=f"{name}@{k}")
-                )
+                parts.append(_part_like(var, np.array(piece, copy=True), f"{name}@{k}"))
         return parts
 
     def root_view(self, parts, placement, like=None):
@@ -595,10 +626,17 @@ class _Projector:
     def call(self, kind: str, comm: str, data: Sequence[Variable], like: Any, **kw):
         if self.token is None:
             raise SpmdError("cc2ops.distributed: internal: no token")
+        key = self.be.keys[comm]
+        if lookup(key).size == 1 and not self.be.keep_trivial:
+            # a collective over one process is the identity
+            self.signature.append(f"trivial {kind}/{comm}")
+            if kind == "offsets":
+                return pt.constant(0, dtype="int64"), data[0]
+            return data[0]
         op = SpmdCollective(
             kind,
             self.seq,
-            f"{self.topo.key}:{comm}",
+            key,
             dtype=getattr(like, "dtype", "int64"),
             ndim=getattr(like, "ndim", 0),
             **kw,
@@ -910,6 +948,9 @@ def mode(
     timeout: float | None = None,
     base: Any = None,
     comm: Any = None,
+    collectives: str = "mpi",
+    device: int | None = None,
+    keep_trivial: bool = False,
 ) -> SpmdMode:
     """The SPMD mode of this process (rank and size from MPI).
 
@@ -925,13 +966,40 @@ def mode(
         ``fast_run`` + the cc2ops CPU rewrites on the cvm linker).
     comm : mpi4py communicator, optional
         The processes taking part (default the world).
+    collectives : {"mpi", "nccl"}
+        Who moves the data: MPI on host arrays, or NCCL (nccl4py) on the
+        rank's GPU (:mod:`cc2ops.distributed.nccl`; set-up and small integer
+        exchanges stay on MPI).
+    device : int, optional
+        The GPU label of this rank for ``"nccl"`` (default its local rank).
+    keep_trivial : bool
+        Run collectives over one process through the communicator too (by
+        default they are the identity; tests of the NCCL path keep them).
     """
     import cc2ops
 
+    if collectives not in ("mpi", "nccl"):
+        raise ValueError(
+            f"cc2ops.distributed.mode: collectives must be 'mpi' or 'nccl', got "
+            f"{collectives!r}"
+        )
     topo = topology(group_size, timeout, comm)
+    keys = None
+    if collectives == "nccl":
+        from cc2ops.distributed.nccl import NcclCommunicator
+
+        label = topo.local_rank if device is None else int(device)
+        keys = {}
+        for name, mpi_comm in (("group", topo.group_comm), ("cross", topo.cross_comm)):
+            key = f"{topo.key}:nccl{label}:{name}"
+            try:
+                lookup(key)
+            except CommError:
+                register(key, NcclCommunicator(mpi_comm, label))
+            keys[name] = key
     base = cc2ops.mode if base is None else base
     m = SpmdMode(linker=base.linker, optimizer=base.provided_optimizer)
-    m.backend = SpmdBackend(topo)
+    m.backend = SpmdBackend(topo, keys, keep_trivial)
     return m
 
 

@@ -50,6 +50,7 @@ if _HERE not in sys.path:
 
 import checkpoint as ckpt_mod  # noqa: E402
 import data  # noqa: E402
+import distributed as spmd  # noqa: E402
 import nets  # noqa: E402
 
 SCHEDULES = ("step", "cosine", "constant")
@@ -329,6 +330,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=1,
         help="number of GPUs (> 1 needs the multi-GPU rewriter)",
+    )
+    g.add_argument(
+        "--spmd",
+        action="store_true",
+        help="one process per device under mpirun (on by itself when mpirun "
+        "starts several processes); see distributed.py",
+    )
+    g.add_argument(
+        "--group-size",
+        type=_positive_int,
+        default=None,
+        help="--spmd: ranks per hybrid-parallel group (default: ranks per host)",
     )
     return p
 
@@ -839,7 +852,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         above into a message and exit status 2.
     """
     args = build_parser().parse_args(argv)
-    return _run(args)
+    args.spmd = args.spmd or spmd.launched_by_mpirun()
+    with spmd.guard(args.spmd):
+        return _run(args)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
@@ -856,9 +871,13 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    say = _printer(args.quiet)
     # fail on an unusable device before any data is read: never a silent CPU run
-    backend = select_backend(args.device, args.devices)
+    if args.spmd:
+        backend = spmd.spmd_backend(Backend, args.device, args.devices, args.group_size)
+        args.quiet = args.quiet or not spmd.is_root(backend)
+    else:
+        backend = select_backend(args.device, args.devices)
+    say = _printer(args.quiet)
 
     resume = ckpt_mod.load_checkpoint(args.resume) if args.resume else None
     header = resume.header if resume else None
@@ -933,7 +952,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         f"{'cc2ops' if dropout_states else 'none'})"
     )
 
-    out = Path(cfg.out)
+    out = spmd.output_folder(Path(cfg.out), backend)  # the root rank writes
     out.mkdir(parents=True, exist_ok=True)
     log = MetricsLog(out)
     if resume:

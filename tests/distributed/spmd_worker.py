@@ -10,8 +10,12 @@ Options: ``--spmd`` (``cc2ops.distributed.mode``), ``--scheme a|b``,
 ``--group-size G``, ``--batch B``, ``--steps N``, ``--first-step S`` (the
 data of steps S..S+N-1), ``--resume FILE`` (a checkpoint of
 ``cc2ops.distributed.checkpoint``), ``--save FILE`` (one after the steps),
-``--fail-rank R`` (rank R raises before its first step: the timeout test),
-``--timeout T``.
+``--fail-rank R`` (rank R raises before its first step), ``--stall-rank R``
+(rank R never joins its first step), ``--timeout T`` (set-up and compile),
+``--step-timeout T`` (the steps' collectives), ``--device cuda`` (the
+ranks' graphs in ``cc2ops.cuda.mode`` on the local rank's GPU),
+``--collectives nccl`` and ``--keep-trivial`` (one-rank collectives still go
+through the communicator).
 """
 
 from __future__ import annotations
@@ -60,13 +64,24 @@ def build(args):
         logits = net.forward(x, params, train=True, dropout_states=states)
         loss = cc2ops.softmax_cross_entropy(logits, y).mean()
         err = cc2ops.top_k_error(logits, y, k=1).mean()
+        base = cc2ops.mode
+        if args.device == "cuda":
+            from cc2ops import cuda
+
+            base = cuda.mode(device=local_rank())
         if args.spmd:
             from cc2ops import distributed
 
-            mode = distributed.mode(args.group_size, timeout=args.timeout)
+            mode = distributed.mode(
+                args.group_size,
+                timeout=args.timeout,
+                base=base,
+                collectives=args.collectives,
+                keep_trivial=args.keep_trivial,
+            )
             loss, err = multi_gpu.distribute([loss, err], mode, scheme=args.scheme)
         else:
-            mode = cc2ops.mode
+            mode = base
         names = list(net.param_shapes)
         grads = pytensor.grad(loss, [params[n] for n in names])
         updates = []
@@ -77,7 +92,11 @@ def build(args):
             v_new = f32(0.9) * v - f32(0.01) * g
             updates += [(v, v_new), (p, p + v_new)]
         fn = pytensor.function([x, y], [loss, err], updates=updates, mode=mode)
-    return fn, params, momenta, states, step0
+    return fn, params, momenta, states, step0, mode
+
+
+def local_rank() -> int:
+    return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
 
 
 def data(step, batch):
@@ -98,6 +117,11 @@ def main(argv=None):
     p.add_argument("--save", default=None)
     p.add_argument("--fail-rank", type=int, default=None)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--step-timeout", type=float, default=None)
+    p.add_argument("--stall-rank", type=int, default=None)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--collectives", default="mpi", choices=["mpi", "nccl"])
+    p.add_argument("--keep-trivial", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -106,9 +130,13 @@ def main(argv=None):
 
     try:
         with guard():
-            fn, params, momenta, states, step0 = build(args)
+            fn, params, momenta, states, step0, mode = build(args)
+            if args.step_timeout is not None:
+                mode.topology.set_timeout(args.step_timeout)
             if args.fail_rank is not None and rank == args.fail_rank:
                 raise RuntimeError(f"rank {rank} fails on purpose")
+            if args.stall_rank is not None and rank == args.stall_rank:
+                time.sleep(120)  # stuck: never joins the first collective
             losses = []
             t0 = time.monotonic()
             for step in range(step0, step0 + args.steps):
@@ -131,6 +159,10 @@ def main(argv=None):
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         )
         sys.stdout.flush()
+        from cc2ops.distributed import CommError
+
+        if not isinstance(e, CommError):
+            time.sleep(5)  # this rank failed first: let the others report it
         os._exit(3)
 
 
