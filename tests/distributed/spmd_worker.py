@@ -15,7 +15,7 @@ data of steps S..S+N-1), ``--resume FILE`` (a checkpoint of
 ``--step-timeout T`` (the steps' collectives), ``--device cuda`` (the
 ranks' graphs in ``cc2ops.cuda.mode`` on the local rank's GPU),
 ``--collectives nccl`` and ``--keep-trivial`` (one-rank collectives still go
-through the communicator).
+through the communicator), ``--tiny`` (one conv and one FC layer instead of the net).
 """
 
 from __future__ import annotations
@@ -45,12 +45,19 @@ def build(args):
 
     net = nets.Network("imagenet", 10, 67, width_mult=1 / 32)
     values = net.init_params([0, 1])
+    if args.tiny:  # one conv, one FC layer: compiles fast (the failure tests)
+        r = np.random.default_rng(0)
+        values = {
+            "conv.W": (r.normal(size=(2, 3, 3, 3)) * 0.1).astype("float32"),
+            "fc.W": (r.normal(size=(2 * 17 * 17, 10)) * 0.01).astype("float32"),
+            "fc.b": np.zeros(10, "float32"),
+        }
     f32 = np.float32
     params = {n: pytensor.shared(v, name=n) for n, v in values.items()}
     momenta = {
         n: pytensor.shared(np.zeros_like(v), name="v:" + n) for n, v in values.items()
     }
-    states = net.make_dropout_states([0, 2])
+    states = {} if args.tiny else net.make_dropout_states([0, 2])
     step0 = 0
     if args.resume:
         saved = checkpoint.load(args.resume)
@@ -61,7 +68,11 @@ def build(args):
     with pytensor.config.change_flags(floatX="float32"):
         x = pt.tensor4("images", dtype="float32")
         y = pt.ivector("labels")
-        logits = net.forward(x, params, train=True, dropout_states=states)
+        if args.tiny:
+            h = cc2ops.conv2d(x, params["conv.W"], stride=4)
+            logits = pt.dot(h.flatten(2), params["fc.W"]) + params["fc.b"]
+        else:
+            logits = net.forward(x, params, train=True, dropout_states=states)
         loss = cc2ops.softmax_cross_entropy(logits, y).mean()
         err = cc2ops.top_k_error(logits, y, k=1).mean()
         base = cc2ops.mode
@@ -82,7 +93,7 @@ def build(args):
             loss, err = multi_gpu.distribute([loss, err], mode, scheme=args.scheme)
         else:
             mode = base
-        names = list(net.param_shapes)
+        names = list(values)
         grads = pytensor.grad(loss, [params[n] for n in names])
         updates = []
         for name, g in zip(names, grads, strict=True):
@@ -122,6 +133,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--collectives", default="mpi", choices=["mpi", "nccl"])
     p.add_argument("--keep-trivial", action="store_true")
+    p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     out = Path(args.out)
