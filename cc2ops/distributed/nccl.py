@@ -32,7 +32,6 @@ import numpy as np
 
 from cc2ops.comm import shard_sizes
 from cc2ops.distributed.communicator import (
-    CollectiveTimeout,
     CommError,
     Communicator,
     MPICommunicator,
@@ -232,6 +231,3 @@ class NcclCommunicator(Communicator):
             f"NcclCommunicator({self.name}, rank={self.rank}, size={self.size}, "
             f"device={self.device}, timeout={self.timeout:g})"
         )
-
-
-__all__ += ["CollectiveTimeout"]

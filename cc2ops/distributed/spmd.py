@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import time
 import types
 from collections.abc import Sequence
@@ -67,6 +66,7 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.io import In
 from pytensor.compile.maker import FunctionMaker
+from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.traversal import toposort
@@ -998,20 +998,20 @@ def mode(
                 register(key, NcclCommunicator(mpi_comm, label))
             keys[name] = key
     base = cc2ops.mode if base is None else base
-    m = SpmdMode(linker=base.linker, optimizer=base.provided_optimizer)
+    m = _spmd_class(type(base))(linker=base.linker, optimizer=base.provided_optimizer)
     m.backend = SpmdBackend(topo, keys, keep_trivial)
     return m
 
 
-def compiledir_per_rank() -> None:
-    """Give this rank its own PyTensor compile directory (before importing
-    PyTensor), so ranks compiling at once do not wait on one lock."""
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
-    if rank is None:
-        return
-    flags = os.environ.get("PYTENSOR_FLAGS", "")
-    if "compiledir" not in flags:
-        extra = (
-            f"compiledir_format=compiledir_%(platform)s-%(python_version)s-rank{rank}"
-        )
-        os.environ["PYTENSOR_FLAGS"] = f"{flags},{extra}" if flags else extra
+_CLASSES: dict[type, type] = {}
+
+
+def _spmd_class(base_cls: type) -> type:
+    """:class:`SpmdMode` keeping the behaviour of ``base_cls`` (the GPU mode
+    loads its op modules before rewriting and names its devices)."""
+    if base_cls is Mode or issubclass(base_cls, SpmdMode):
+        return SpmdMode
+    if base_cls not in _CLASSES:
+        name = f"Spmd{base_cls.__name__}"
+        _CLASSES[base_cls] = type(name, (SpmdMode, base_cls), {})
+    return _CLASSES[base_cls]

@@ -96,3 +96,33 @@ def test_the_spmd_op_refuses_unknown_kinds_and_non_token_inputs():
     op = SpmdCollective("all_reduce", 0, "x", dtype="float32", ndim=1)
     with pytest.raises(TypeError, match="token must be an int64 scalar"):
         op(np.float32(0), np.zeros(3, "float32"))
+
+
+@pytest.mark.parametrize("keep_trivial", [True, False])
+def test_the_gpu_step_of_one_rank_builds_without_a_gpu(keep_trivial):
+    """Rank graphs in ``cc2ops.cuda.mode``: lifted GPU ops; on one rank the
+    collectives vanish unless kept (the 1-rank NCCL test keeps them)."""
+    import pytensor
+    import pytensor.tensor as pt
+    from pytensor.compile.maker import construct_function_ins_and_outs
+
+    import cc2ops
+    from cc2ops import cuda
+    from cc2ops import distributed as dist
+    from cc2ops.graph import multi_gpu as mg
+
+    r = np.random.default_rng(0)
+    w = cuda.shared(r.normal(size=(2, 3, 3, 3)).astype("float32"), device=0, name="w")
+    f = cuda.shared(r.normal(size=(8, 4)).astype("float32"), device=0, name="f")
+    x, y = pt.tensor4("x", dtype="float32"), pt.ivector("y")
+    h = cc2ops.conv2d(x, w, stride=4)
+    loss = cc2ops.softmax_cross_entropy(pt.dot(h.flatten(2), f), y).mean()
+    m = dist.mode(base=cuda.mode(device=0), keep_trivial=keep_trivial)
+    loss = mg.distribute(loss, m, scheme="b")
+    gw, gf = pytensor.grad(loss, [w, f])
+    ups = [(w, w - np.float32(0.1) * gw), (f, f - np.float32(0.1) * gf)]
+    ins, outs = construct_function_ins_and_outs([x, y], loss, updates=ups)
+    fg = m.function_maker(ins, outs, m).maker.fgraph
+    kinds = {type(n.op).__name__ for n in fg.apply_nodes}
+    assert {"GpuFilterActs", "GpuWeightActs"} <= kinds
+    assert ("SpmdCollective" in kinds) == keep_trivial
