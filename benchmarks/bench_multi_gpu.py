@@ -45,8 +45,16 @@ between or inside configurations; a configuration that fails is recorded under
 ``failures``. The result file is written with the rows gathered so far in
 every case.
 
+One process per device (``--spmd``, under ``mpirun -n K``; see
+:func:`spmd_main`): the per-rank step of ``cc2ops.distributed`` and the time
+in its collectives; on one GPU, ``mpirun -n 1`` must be within 5 % of the
+single-process step (its peer). ``--device cpu --image 67`` runs it on the
+CPU with MPI's collectives.
+
 Usage: ``python benchmarks/bench_multi_gpu.py [--quick] [--out DIR]
-[--time-cap S] [--per-gpu-batch N] [--dry-run [--gpus N]]``. ``--dry-run``
+[--time-cap S] [--per-gpu-batch N] [--dry-run [--gpus N]]``;
+``mpirun -n K python benchmarks/bench_multi_gpu.py --spmd [--device cpu]
+[--image N] [--flat-groups]``. ``--dry-run``
 needs no GPU: it parses the arguments, builds every configuration's training
 graph and runs the GPU mode's rewrites (lifting, the multi-device state),
 stopping before linking, and checks the row format.
@@ -142,25 +150,25 @@ def make_mode(
     return m
 
 
-def build(cfg, params, mode, labels, scheme):
+def build(cfg, params, mode, labels, scheme, share=None, spmd=False):
     """The training step graph: ``(inputs, loss, updates, shared, velocities)``.
 
     Distributed with ``multi_gpu.distribute(loss, mode)`` before
-    ``pytensor.grad`` when K > 1.
+    ``pytensor.grad`` when K > 1 or ``spmd``. ``share(value, name)`` makes a
+    parameter (default a ``cc2ops.cuda.shared`` on ``labels[0]``).
     """
+    if share is None:
+
+        def share(value, name):
+            return cc2ops.cuda.shared(
+                value, device=labels[0], name=name, shape=np.shape(value)
+            )
+
     x = pt.tensor(
         "images", dtype=cfg.dtype, shape=(None, cfg.channels, cfg.image, cfg.image)
     )
     y = pt.ivector("labels")
-    shared = {
-        n: cc2ops.cuda.shared(
-            np.asarray(params[n], cfg.dtype),
-            device=labels[0],
-            name=n,
-            shape=np.shape(params[n]),
-        )
-        for n in param_names(cfg)
-    }
+    shared = {n: share(np.asarray(params[n], cfg.dtype), n) for n in param_names(cfg)}
     h = x
     for i, layer in enumerate(cfg.conv):
         w, b = shared[f"conv{i + 1}_w"], shared[f"conv{i + 1}_b"]
@@ -182,7 +190,7 @@ def build(cfg, params, mode, labels, scheme):
     j = len(cfg.fc)
     logits = pt.dot(h, shared[f"fc{j + 1}_w"]) + shared[f"fc{j + 1}_b"]
     loss = cc2ops.softmax_cross_entropy(logits, y).mean()
-    if len(labels) > 1:
+    if len(labels) > 1 or spmd:
         loss = mg.distribute(loss, mode, scheme=scheme)
     names = list(shared)
     grads = pytensor.grad(loss, [shared[n] for n in names])
@@ -192,12 +200,7 @@ def build(cfg, params, mode, labels, scheme):
     updates, velocities = [], {}
     for n, g in zip(names, grads, strict=True):
         p = shared[n]
-        v = velocities[n] = cc2ops.cuda.shared(
-            np.zeros_like(params[n], dtype=cfg.dtype),
-            device=labels[0],
-            name=f"v_{n}",
-            shape=np.shape(params[n]),
-        )
+        v = velocities[n] = share(np.zeros_like(params[n], dtype=cfg.dtype), f"v_{n}")
         v_new = mom * v + (g + wd * p)
         updates += [(v, v_new), (p, p - lr * v_new)]
     return [x, y], loss, updates, shared, velocities
@@ -470,8 +473,160 @@ def split_selfcheck() -> None:
     )
 
 
+def _median_ms(fn: Callable[[], Any], warmup: int, iters: int, sync) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
+    """``--spmd``: one process per device under ``mpirun -n K`` (module notes).
+
+    Every rank first times the plain single-device step at the per-rank batch
+    (the peer), then the SPMD step of ``cc2ops.distributed.mode`` at the
+    global batch ``K * per_gpu``, for schemes (a) and (b) (K = 1: scheme a).
+    Correctness first: the SPMD first loss equals the mean of the
+    single-device first losses of the K per-rank slices (equal slices).
+    Collective time is what the ``SpmdCollective`` calls of the step took on
+    each rank (``comm_ms``; the slowest rank's); ``compute_ms = cc2ops_ms -
+    comm_ms``. World rank 0 writes the rows.
+    """
+    from mpi4py import MPI
+
+    import cc2ops.distributed as dist
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, rank).Get_rank()
+    cpu = args.device == "cpu"
+    if cpu:
+        base = cc2ops.mode
+        precision = "fp32"
+
+        def share(value, name):
+            return pytensor.shared(value, name=name)
+
+        def sync():
+            return None
+
+    else:
+        base = cc2ops.cuda.mode(local)
+        precision = "tf32" if cc2ops.cuda.get_allow_tf32() else "fp32"
+        share = None
+
+        def sync():
+            from cc2ops.cuda.device import initialized_devices
+
+            for dev in initialized_devices():
+                dev.synchronize()
+
+    image = args.image
+    rows, failures = [], []
+    start = time.monotonic()
+    cfg1 = imagenet_config(batch=per_gpu, dropout=0.0, image=image)
+    params = init_params(cfg1, seed=0)
+    r = np.random.default_rng(0)
+    big = r.normal(size=(per_gpu * size, 3, image, image)).astype(cfg1.dtype)
+    big_y = r.integers(0, cfg1.classes, per_gpu * size).astype("int32")
+    mine = slice(rank * per_gpu, (rank + 1) * per_gpu)
+    ins, loss, updates, shared, vel = build(cfg1, params, base, (local,), "a", share)
+    fn1 = pytensor.function(ins, loss, updates=updates, mode=base)
+    first = float(np.asarray(fn1(big[mine], big_y[mine])))
+    want = float(np.mean(world.allgather(first)))
+    peer_ms = float(
+        np.median(_median_ms(lambda: fn1(big[mine], big_y[mine]), warmup, iters, sync))
+    )
+    peer_ms = max(world.allgather(peer_ms))
+    schemes = ("a",) if size == 1 else ("a", "b")
+    for scheme in schemes:
+        try:
+            t0 = time.perf_counter()
+            cfg = imagenet_config(batch=per_gpu * size, dropout=0.0, image=image)
+            mode = dist.mode(1 if args.flat_groups else size, base=base)
+            ins, loss, updates, shared, vel = build(
+                cfg, params, mode, (local,), scheme, share, spmd=True
+            )
+            fn = pytensor.function(ins, loss, updates=updates, mode=mode)
+            got = float(np.asarray(fn(big, big_y)))
+            compile_s = time.perf_counter() - t0
+            if not np.isclose(got, want, rtol=2e-3):
+                raise AssertionError(
+                    f"spmd K={size} scheme {scheme}: first loss {got} vs the "
+                    f"single-device {want}"
+                )
+            comms = [mode.topology.group_comm, mode.topology.cross_comm]
+            for c in comms:
+                c.stats.clear()
+            times = _median_ms(lambda fn=fn: fn(big, big_y), warmup, iters, sync)
+            calls = warmup + iters
+            comm_s = sum(s[1] for c in comms for s in c.stats.values())
+            ms = max(world.allgather(float(np.median(times))))
+            comm_ms = max(world.allgather(1e3 * comm_s / calls))
+            row = make_row(
+                size, "spmd", scheme, per_gpu, ms, peer_ms, compile_s, precision
+            )
+            row["name"] = f"imagenet step spmd K={size} b{per_gpu}/rank scheme {scheme}"
+            row["spmd"] = True
+            row["devices"] = f"{size} processes ({args.device})"
+            row["paper_speedup"] = PAPER_SPEEDUP.get(size)
+            row["comm_ms"] = comm_ms
+            row["compute_ms"] = ms - comm_ms
+            row["comm_calls_per_step"] = (
+                sum(s[0] for c in comms for s in c.stats.values()) / calls
+            )
+            rows.append(row)
+            if rank == 0:
+                print(
+                    f"spmd K={size} scheme {scheme}: {ms:8.2f} ms/step "
+                    f"{row['images_per_s']:9.1f} img/s speedup {row['speedup']:5.2f} "
+                    f"(peer {peer_ms:.2f} ms; collectives {comm_ms:.2f} ms)",
+                    flush=True,
+                )
+        except Exception as exc:  # record it, go on with the next one
+            msg = f"spmd K={size} scheme {scheme}: {type(exc).__name__}: {exc}"
+            failures.append(msg[:2000])
+            print("FAILED", msg[:2000], flush=True)
+    if rank == 0:
+        write_results(
+            "multi_gpu_spmd" if not cpu else "multi_gpu_spmd_cpu",
+            rows,
+            "the plain single-device step at the per-rank batch, same ranks, same run",
+            args.out,
+            extra={
+                "per_gpu_batch": per_gpu,
+                "ranks": size,
+                "image": image,
+                "wall_s": round(time.monotonic() - start, 1),
+                "failures": failures,
+            },
+        )
+
+
 def main(argv=None) -> None:
     p = base_parser(__doc__.splitlines()[0])
+    p.add_argument(
+        "--spmd",
+        action="store_true",
+        help="one process per device: run under mpirun -n K (see spmd_main)",
+    )
+    p.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"], help="--spmd's devices"
+    )
+    p.add_argument(
+        "--image", type=int, default=224, help="--spmd: input size (67 on the CPU)"
+    )
+    p.add_argument(
+        "--flat-groups",
+        action="store_true",
+        help="--spmd: groups of 1 rank (plain data parallelism across all ranks)",
+    )
     p.add_argument(
         "--per-gpu-batch", type=int, default=None, help="default 128 (32 with --quick)"
     )
@@ -492,6 +647,9 @@ def main(argv=None) -> None:
     def cfg_of(k: int):
         return imagenet_config(batch=per_gpu * k, dropout=0.0)
 
+    if args.spmd:
+        spmd_main(args, per_gpu, warmup, iters)
+        return
     if args.dry_run:
         runs = configurations(args.gpus, args.quick)
         if args.gpus == 1:

@@ -55,6 +55,7 @@ from pytensor.tensor.type import TensorType
 from cc2ops._op import Cc2Op, _as_tensor
 
 __all__ = [
+    "check_split",
     "shard_bounds",
     "shard_sizes",
     "AllGather",
@@ -163,9 +164,24 @@ def _sizes_input(op: str, sizes: Any, n: int) -> Variable:
     return pt.cast(sizes, "int64")
 
 
+def check_split(op: str, extent: int, n: int, axis: int) -> None:
+    """Refuse to cut ``extent`` entries into ``n`` pieces when some would be empty.
+
+    Every device needs >= 1 entry: a batch smaller than K would otherwise fail
+    later, deep inside a device's graph (an empty reshape).
+    """
+    if extent < n:
+        raise ValueError(
+            f"{op}: cannot split an extent of {extent} along axis {axis} over "
+            f"n={n} devices: every device needs >= 1 entry (a batch must have "
+            f"at least K={n} examples)"
+        )
+
+
 def _split_numpy(op: str, x: np.ndarray, n: int, axis: int, sizes: Any) -> list:
     extent = x.shape[axis]
     if sizes is None:
+        check_split(op, extent, n, axis)
         sizes = shard_sizes(extent, n)
     else:
         sizes = [int(s) for s in np.asarray(sizes)]
@@ -275,6 +291,9 @@ class ReduceScatter(_CommOp):
         self.axis = _check_axis("ReduceScatter", axis)
 
     def make_node(self, *xs: Any, sizes: Any = None) -> Apply:
+        if sizes is None and len(xs) == self.n + 1:
+            # the sizes input passed positionally (clone_with_new_inputs)
+            *xs, sizes = xs
         xs = _tensors("ReduceScatter", xs, self.n, self.axis)
         inputs = list(xs)
         if sizes is not None:
@@ -604,6 +623,7 @@ class Shard(Cc2Op):
 
     def perform(self, node, inputs, outputs):
         (x,) = inputs
+        check_split("Shard", x.shape[self.axis], self.n, self.axis)
         start, stop = shard_bounds(x.shape[self.axis], self.n)[self.index]
         index = [slice(None)] * x.ndim
         index[self.axis] = slice(start, stop)
@@ -761,6 +781,17 @@ class CommBackend(ABC):
                 )
             )
         return pieces
+
+    def gradient_all_reduce(self, xs: Sequence[Variable]) -> list[Variable]:
+        """The per-device sums of a replicated parameter's gradient summands
+        (what localisation turns its ``Reduce`` into); a backend with several
+        data-parallel groups adds the reduction across groups here."""
+        return self.all_reduce(xs)
+
+    def gradient_shards(self, xs: Sequence[Variable]) -> list[Variable]:
+        """The per-device gradient shards of a sharded parameter (its
+        ``Gather``'s inputs, kept local)."""
+        return list(xs)
 
     def state_view(self, part: Variable, out: Variable) -> Variable:
         """``part`` typed to replace ``out`` (a Broadcast/Scatter output)."""

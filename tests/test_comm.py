@@ -230,3 +230,38 @@ def test_virtual_backend_builds_one_node_per_collective():
     assert isinstance(be.reduce(xs).owner.op, Reduce)
     with pytest.raises(ValueError, match="repeated device labels"):
         VirtualBackend([0, 0])
+
+
+def test_reduce_scatter_takes_its_sizes_positionally_when_cloned():
+    import pytensor
+    import pytensor.tensor as pt
+
+    from cc2ops.comm import ReduceScatter
+
+    a, b = pt.matrix("a"), pt.matrix("b")
+    outs = ReduceScatter(2, 0)(a, b, sizes=[1, 2])
+    node = outs[0].owner
+    clone = node.op.make_node(*node.inputs)  # what clone_with_new_inputs does
+    assert len(clone.inputs) == 3
+    f = pytensor.function([a, b], clone.outputs)
+    x = np.arange(6, dtype=a.dtype).reshape(3, 2)
+    got = f(x, x)
+    np.testing.assert_array_equal(got[0], 2 * x[:1])
+    np.testing.assert_array_equal(got[1], 2 * x[1:])
+
+
+def test_scatter_and_shard_refuse_an_extent_smaller_than_n():
+    import pytensor
+    import pytensor.tensor as pt
+
+    from cc2ops.comm import Scatter, Shard
+
+    x = pt.matrix("x")
+    f = pytensor.function([x], Scatter(3, 0)(x))
+    with pytest.raises(ValueError, match=r"Scatter: cannot split an extent of 2 along "
+                       r"axis 0 over n=3 devices"):  # fmt: skip
+        f(np.zeros((2, 4), dtype=x.dtype))
+    g = pytensor.function([x], Shard(4, 1, 1)(x))
+    with pytest.raises(ValueError, match=r"Shard: cannot split an extent of 3 along "
+                       r"axis 1 over n=4 devices"):  # fmt: skip
+        g(np.zeros((2, 3), dtype=x.dtype))

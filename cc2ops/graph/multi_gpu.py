@@ -143,6 +143,7 @@ __all__ = [
     "mode",
     "sync",
     "comm_kind",
+    "device_labels",
     "NotBatchSeparableError",
 ]
 
@@ -833,14 +834,53 @@ def _segments(outputs: Sequence[Variable], split: Variable) -> tuple[set, set]:
     return conv, fc
 
 
-def _backend(devices: Any, backend: Any) -> CommBackend:
+def device_labels(devices: Any, func: str = "multi_gpu") -> tuple[int, ...]:
+    """The device labels of ``devices``: K (an int >= 1) or a sequence of ints.
+
+    Raises ``TypeError`` for anything else (a float, a string, a bool: ``"12"``
+    must not become two devices, ``True`` not K = 1) and ``ValueError`` for
+    K < 1, an empty sequence or repeated labels; the message names ``func``.
+    """
+    if isinstance(devices, (bool, np.bool_)):
+        raise TypeError(
+            f"{func}: devices must be K (an int >= 1) or a sequence of int device "
+            f"labels, got the bool {devices!r}"
+        )
+    if isinstance(devices, (int, np.integer)):
+        if devices < 1:
+            raise ValueError(
+                f"{func}: devices (K, the number of devices) must be >= 1, got "
+                f"{int(devices)}"
+            )
+        return tuple(range(int(devices)))
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise TypeError(
+            f"{func}: devices must be K (an int >= 1) or a sequence of int device "
+            f"labels, got {type(devices).__name__} {devices!r}"
+        )
+    labels = []
+    for d in devices:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(
+                f"{func}: device labels must be ints, got {type(d).__name__} {d!r} "
+                f"in {devices!r}"
+            )
+        if d < 0:
+            raise ValueError(f"{func}: device labels must be >= 0, got {int(d)}")
+        labels.append(int(d))
+    if not labels:
+        raise ValueError(f"{func}: devices must not be empty, got {devices!r}")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{func}: repeated device labels in {devices!r}")
+    return tuple(labels)
+
+
+def _backend(devices: Any, backend: Any, func: str = "multi_gpu") -> CommBackend:
     if isinstance(backend, CommBackend):
         return backend
     if isinstance(getattr(devices, "backend", None), CommBackend):
         return devices.backend  # a multi-device mode
-    labels = tuple(range(devices)) if isinstance(devices, int) else tuple(devices)
-    if not labels:
-        raise ValueError("multi_gpu: devices must not be empty")
+    labels = device_labels(devices, func)
     if backend in (None, "virtual", "host"):
         return VirtualBackend(labels)
     from cc2ops.cuda.comm import gpu_backend
@@ -893,7 +933,7 @@ def distribute(
     """
     single = isinstance(outputs, Variable)
     outs = [outputs] if single else list(outputs)
-    be = _backend(devices, backend)
+    be = _backend(devices, backend, "multi_gpu.distribute")
     split = find_split(outs) if split_at is None else split_at
     conv, fc = _segments(outs, split)
     dz = Distributor(be, conv, fc, scheme=scheme)
@@ -978,6 +1018,10 @@ class _Localised:
             out.append(np.array(value[tuple(index)], copy=True))
         return out
 
+    def install_views(self, var: SharedVariable) -> None:
+        """Make ``var.get_value``/``set_value`` assemble from / split into the parts."""
+        _view_methods(var, self)
+
 
 def _view_methods(var: SharedVariable, loc: _Localised) -> None:
     """Make ``var.get_value``/``set_value`` assemble from / split into the parts."""
@@ -1052,7 +1096,8 @@ def localise(
     ins = [FunctionMaker.wrap_in(i) for i in inputs]
     updates = {i.variable: i.update for i in ins if i.update is not None}
     graph_outs = outs + list(updates.values())
-    loc = _Localised()
+    loc = backend.new_localised() if hasattr(backend, "new_localised") else None
+    loc = _Localised() if loc is None else loc
     found = _distribution_nodes(graph_outs)
     if not found:
         return inputs, outputs, loc
@@ -1119,7 +1164,7 @@ def localise(
                     shared=True,
                 )
             )
-        _view_methods(var, loc)
+        loc.install_views(var)
     return new_ins, (new_outs[0] if single else new_outs), loc
 
 
@@ -1156,10 +1201,16 @@ def _state_distributor(backend, found, placements, updates, parts_cache) -> Dist
         kind = comm_kind(node.op)
         if kind == "reduce":
             dz.set(
-                node.outputs[0], REPLICATED, dz._tag(backend.all_reduce(node.inputs))
+                node.outputs[0],
+                REPLICATED,
+                dz._tag(backend.gradient_all_reduce(node.inputs)),
             )
         elif kind == "gather":
-            dz.set(node.outputs[0], sharded(node.op.axis), list(node.inputs))
+            dz.set(
+                node.outputs[0],
+                sharded(node.op.axis),
+                backend.gradient_shards(list(node.inputs)),
+            )
     # Shapes of values that are not distributed state (e.g. the per-device
     # activations whose sizes a dropout state's counter advance adds up) are
     # root integers: their ancestors, the already per-device forward graph,
@@ -1311,5 +1362,5 @@ def mode(
         ``fast_run`` + the cc2ops CPU rewrites, with step 2 in its function maker.
     """
     m = MultiDeviceMode(linker=linker, optimizer="fast_run").including("cc2ops")
-    m.backend = _backend(devices, backend)
+    m.backend = _backend(devices, backend, "multi_gpu.mode")
     return m

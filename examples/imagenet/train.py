@@ -53,6 +53,7 @@ if _HERE not in sys.path:
 
 import checkpoint as ckpt_mod  # noqa: E402
 import data  # noqa: E402
+import distributed as spmd  # noqa: E402
 import gpu_data  # noqa: E402
 import gpu_step  # noqa: E402
 import nets  # noqa: E402
@@ -399,6 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-graph",
         action="store_true",
         help="on one GPU, call the steps eagerly instead of replaying CUDA graphs",
+    )
+    g.add_argument(
+        "--spmd",
+        action="store_true",
+        help="one process per device under mpirun (on by itself when mpirun "
+        "starts several processes); see distributed.py",
+    )
+    g.add_argument(
+        "--group-size",
+        type=_positive_int,
+        default=None,
+        help="--spmd: ranks per hybrid-parallel group (default: ranks per host)",
     )
     return p
 
@@ -976,7 +989,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """
     # parsed before PyTensor is imported (seconds): flag errors come at once
     args = build_parser().parse_args(argv)
-    with _InterruptGuard() as guard:
+    args.spmd = args.spmd or spmd.launched_by_mpirun()
+    with spmd.guard(args.spmd), _InterruptGuard() as guard:
         return _run(args, guard)
 
 
@@ -994,6 +1008,12 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
+    backend = None
+    if args.spmd:
+        # the MPI world first; ranks other than the root log nothing and write
+        # into a private folder (below), but every rank checks --out alike
+        backend = spmd.spmd_backend(Backend, args.device, args.devices, args.group_size)
+        args.quiet = args.quiet or not spmd.is_root(backend)
     say = _printer(args.quiet)
     warn = _printer(False)  # warnings are shown with --quiet too
     # the checks that need no PyTensor come first: checkpoint, settings, --out
@@ -1011,7 +1031,8 @@ def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
     )
     run_id = (header or {}).get("run_id") or uuid.uuid4().hex[:16]
     # fail on an unusable device before any data is read: never a silent CPU run
-    backend = select_backend(args.device, args.devices)
+    if backend is None:
+        backend = select_backend(args.device, args.devices)
     # data-parallel training over K GPUs: --batch-size images per GPU, so the
     # batch the rewriter splits is K times larger, and the learning rate is
     # scaled linearly with K (as cuda-convnet2's multi-GPU configurations do)
@@ -1095,10 +1116,13 @@ def _run(args: argparse.Namespace, guard: _InterruptGuard) -> dict[str, Any]:
             batch_sizes=(cfg.batch_size, cfg.eval_batch_size),
         )  # fmt: skip
 
-    out = Path(cfg.out)
-    run_folder.apply_run_folder(folder, warn)
+    out = spmd.output_folder(Path(cfg.out), backend)  # the root rank writes
+    if out == Path(cfg.out):
+        run_folder.apply_run_folder(folder, warn)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
     log = run_folder.MetricsLog(out, CSV_FIELDS, warn)
-    if resume and folder.action == "replace" and resumed_here:
+    if resume and folder.action == "replace" and resumed_here and out == Path(cfg.out):
         # the old run's history up to the checkpoint is this run's too
         run_folder.MetricsLog(folder.aside, CSV_FIELDS, warn).copy_until(step, log)
     elif resume:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -135,9 +136,35 @@ def test_scheme_b_equals_the_single_device_run(k):
 def test_batch_smaller_than_devices_is_a_clear_error():
     _, _, _, fn = _train(3, batch=3, steps=1)
     r = np.random.default_rng(0)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(
+        ValueError,
+        match=r"Scatter: cannot split an extent of 2 "
+        r"along axis 0 over n=3 devices: every device needs >= 1 "
+        r"entry \(a batch must have at least K=3 examples\)",
+    ):
         fn(r.normal(size=(2, 3, 7, 7)).astype("float32"), np.zeros(2, "int32"))
-    assert "Reshape" in str(info.value) or "size" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "devices,error,message",
+    [
+        (1.5, TypeError, "got float 1.5"),
+        ("2", TypeError, "got str '2'"),
+        ("12", TypeError, "got str '12'"),
+        (True, TypeError, "got the bool True"),
+        (0, ValueError, "must be >= 1, got 0"),
+        ([], ValueError, "must not be empty"),
+        ([0, 0], ValueError, "repeated device labels"),
+        ([0, 1.0], TypeError, "device labels must be ints, got float 1.0"),
+        ([0, -1], ValueError, "device labels must be >= 0, got -1"),
+    ],
+)
+def test_mode_and_distribute_refuse_bad_devices_by_name(devices, error, message):
+    with pytest.raises(error, match=r"multi_gpu\.mode: .*" + re.escape(message)):
+        mg.mode(devices)
+    x, y, params, cost, _ = _net()
+    with pytest.raises(error, match=r"multi_gpu\.distribute: .*" + re.escape(message)):
+        mg.distribute(cost, devices)
 
 
 # --------------------------------------------------------------------------
