@@ -33,7 +33,9 @@ output) and forward+backward (``fwd+bwd``: the output and the gradients of
 The peer is PyTorch on the CPU with ``torch.set_num_threads(2)``, timed in the
 same process (forward under ``no_grad``; forward+backward with autograd).
 Every mode's outputs are checked against PyTorch before timing. Times are
-medians of wall-clock calls; ``ratio`` is the mode's time over PyTorch's.
+medians of wall-clock calls; ``ratio`` is the mode's time over PyTorch's,
+timed right before it. Each row records the 1-minute load average
+(``load_avg_1min``): on a shared machine the ratios are what to compare.
 
 Run: ``python benchmarks/bench_cpu.py [--quick] [--out DIR]``. The result file
 is ``benchmarks/results/cpu-<machine>-<YYYYMMDD>.json``, with a ``cpu`` field
@@ -367,7 +369,6 @@ def main(argv: list[str] | None = None) -> Path:
         ):
             inputs, outputs, vals = layer[key]
             want = [t.numpy() for t in tfn()]
-            peer_ms = time_call(tfn, warmup=warmup, iters=iters)
             for mode in modes:
                 t0 = time.perf_counter()
                 fn = compile_in(mode, inputs, outputs)
@@ -379,6 +380,9 @@ def main(argv: list[str] | None = None) -> Path:
                         f"{layer['name']} {pas} {mode}: outputs differ from torch "
                         f"(relative errors {errs})"
                     )
+                # the peer is timed right before each mode, so that both see the
+                # same machine load (a shared machine's load drifts)
+                peer_ms = time_call(tfn, warmup=warmup, iters=iters)
                 ms = time_call(
                     lambda fn=fn, vals=vals: fn(*vals), warmup=warmup, iters=iters
                 )
@@ -393,6 +397,7 @@ def main(argv: list[str] | None = None) -> Path:
                     "ratio": ms / peer_ms,
                     "max_rel_err": max(errs),
                     "first_call_s": compile_s,
+                    "load_avg_1min": os.getloadavg()[0],
                 }
                 if "flops" in layer:
                     row["gflops"] = layer["flops"][pas] / (ms * 1e-3) / 1e9

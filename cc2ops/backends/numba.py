@@ -45,6 +45,9 @@ functions registered with PyTensor are small closures over the op's props.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba import prange
 from numba.extending import register_jitable
@@ -83,14 +86,16 @@ from cc2ops.softmax_loss import (
 
 __all__ = ["CACHE_VERSION", "pool_output_length"]
 
-#: Salt of every cache key: bump it when a kernel's semantics change, so that
-#: PyTensor's on-disk Numba cache never serves an old compilation.
-CACHE_VERSION = 1
+#: Salt of every cache key, derived from this module's source: PyTensor's
+#: on-disk cache keeps each op's compiled code (kernels included) under the
+#: key, so any edit here must give new keys or an old compilation is served.
+CACHE_VERSION = int(hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12], 16)
 
 #: Largest im2col matrix (elements) built at once: a chunk of images shares
-#: one GEMM per group. 2**21 float32 elements (8 MiB) keep the matrix in the
-#: last-level cache while the GEMM is still large enough for BLAS.
-COLS_BUDGET = 1 << 21
+#: one GEMM per group. Few, large GEMMs keep BLAS efficient (a GEMM with
+#: F/groups rows needs many columns to amortise its packing); 2**24 elements
+#: (64 MiB in float32) is the budget of the numpy reference too.
+COLS_BUDGET = 1 << 24
 
 
 def _jit(*args, **kwargs):
@@ -132,7 +137,7 @@ def _typed(value, like):
 
 @register_jitable
 def _valid_range(n_out, stride, offset, length):
-    """Output positions ``o`` in ``[0, n_out)`` with ``0 <= o*stride + offset < length``."""
+    """Outputs ``o`` in ``[0, n_out)`` with ``0 <= o*stride + offset < length``."""
     lo = 0
     if offset < 0:
         lo = (-offset + stride - 1) // stride
@@ -167,8 +172,14 @@ def _im2col(x, b0, n, g, cg, kh, kw, sh, sw, ph, pw, ho, wo, cols):
                     continue
                 for ox in range(lo):
                     cols[r, off + ox] = 0
-                for ox in range(lo, hi):
-                    cols[r, off + ox] = x[b0 + i, c, iy, ox * sw - pw + v]
+                if sw == 1:
+                    # a contiguous run: a slice copy the compiler vectorises
+                    cols[r, off + lo : off + hi] = x[
+                        b0 + i, c, iy, lo - pw + v : hi - pw + v
+                    ]
+                else:
+                    for ox in range(lo, hi):
+                        cols[r, off + ox] = x[b0 + i, c, iy, ox * sw - pw + v]
                 for ox in range(hi, wo):
                     cols[r, off + ox] = 0
 
@@ -195,25 +206,30 @@ def _col2im(cols, dx, b0, n, g, cg, kh, kw, sh, sw, ph, pw, ho, wo):
                         if iy < 0 or iy >= h:
                             continue
                         off = i * npix + oy * wo
-                        for ox in range(lo, hi):
-                            dx[b0 + i, c, iy, ox * sw - pw + v] += cols[r, off + ox]
+                        if sw == 1:
+                            dx[b0 + i, c, iy, lo - pw + v : hi - pw + v] += cols[
+                                r, off + lo : off + hi
+                            ]
+                        else:
+                            for ox in range(lo, hi):
+                                dx[b0 + i, c, iy, ox * sw - pw + v] += cols[r, off + ox]
 
 
-@_jit(parallel=True)
+@_jit
 def _gather_rows(src, b0, n, f0, fg, out):
     """``out[f, i*npix:(i+1)*npix] = src[b0+i, f0+f]`` for a (B, F, npix) ``src``."""
     npix = src.shape[2]
-    for i in prange(n):
+    for i in range(n):
         for f in range(fg):
             for p in range(npix):
                 out[f, i * npix + p] = src[b0 + i, f0 + f, p]
 
 
-@_jit(parallel=True)
+@_jit
 def _scatter_rows(prod, b0, n, f0, fg, dst):
-    """The transpose of :func:`_gather_rows`: ``dst[b0+i, f0+f] = prod[f, i-th part]``."""
+    """Transpose of :func:`_gather_rows`: ``dst[b0+i, f0+f] = prod[f, part i]``."""
     npix = dst.shape[2]
-    for i in prange(n):
+    for i in range(n):
         for f in range(fg):
             for p in range(npix):
                 dst[b0 + i, f0 + f, p] = prod[f, i * npix + p]
@@ -887,7 +903,7 @@ def _row_max(x, i):
     return m
 
 
-@_jit(parallel=True)
+@_jit
 def _sce_labels(x, y):
     op = "SoftmaxCrossEntropy"
     _check_logits(op, x)
@@ -895,7 +911,7 @@ def _sce_labels(x, y):
     b, k = x.shape
     out = np.empty(b, x.dtype)
     zero = _typed(0, x)
-    for i in prange(b):
+    for i in range(b):
         m = _row_max(x, i)
         s = zero
         for j in range(k):
@@ -904,7 +920,7 @@ def _sce_labels(x, y):
     return out
 
 
-@_jit(parallel=True)
+@_jit
 def _sce_soft(x, t):
     op = "SoftmaxCrossEntropy"
     _check_logits(op, x)
@@ -912,7 +928,7 @@ def _sce_soft(x, t):
     b, k = x.shape
     out = np.empty(b, x.dtype)
     zero = _typed(0, x)
-    for i in prange(b):
+    for i in range(b):
         m = _row_max(x, i)
         s = zero
         for j in range(k):
@@ -937,7 +953,7 @@ def _check_g(op, g, x):
         )
 
 
-@_jit(parallel=True)
+@_jit
 def _sce_grad_labels(g, x, y):
     op = "SoftmaxCrossEntropyGrad"
     _check_logits(op, x)
@@ -947,7 +963,7 @@ def _sce_grad_labels(g, x, y):
     dx = np.empty((b, k), x.dtype)
     zero = _typed(0, x)
     one = _typed(1, x)
-    for i in prange(b):
+    for i in range(b):
         m = _row_max(x, i)
         s = zero
         for j in range(k):
@@ -962,7 +978,7 @@ def _sce_grad_labels(g, x, y):
     return dx
 
 
-@_jit(parallel=True)
+@_jit
 def _sce_grad_soft(g, x, t):
     op = "SoftmaxCrossEntropyGrad"
     _check_logits(op, x)
@@ -971,7 +987,7 @@ def _sce_grad_soft(g, x, t):
     b, k = x.shape
     dx = np.empty((b, k), x.dtype)
     zero = _typed(0, x)
-    for i in prange(b):
+    for i in range(b):
         m = _row_max(x, i)
         s = zero
         ts = zero
@@ -985,14 +1001,14 @@ def _sce_grad_soft(g, x, t):
     return dx
 
 
-@_jit(parallel=True)
+@_jit
 def _top_k_error(x, y, topk):
     op = "TopKError"
     _check_logits(op, x)
     _check_labels(op, y, x)
     b, k = x.shape
     out = np.empty(b, x.dtype)
-    for i in prange(b):
+    for i in range(b):
         true = x[i, y[i]]
         above = 0
         for j in range(k):
@@ -1090,7 +1106,7 @@ def _counter(state):
     return np.uint64(state[2]) | (np.uint64(state[3]) << _S32)
 
 
-@_jit(parallel=True)
+@_jit
 def _dropout(x, state, threshold, scale):
     _check_state("Dropout", state)
     flat = np.ascontiguousarray(x).reshape(-1)
@@ -1102,7 +1118,7 @@ def _dropout(x, state, threshold, scale):
     k1 = np.uint64(state[1])
     base = _counter(state)
     t = np.uint64(threshold)
-    for blk in prange((n + 3) // 4):
+    for blk in range((n + 3) // 4):
         b = base + np.uint64(blk)  # wraps mod 2**64, as the rule says
         w0, w1, w2, w3 = _philox4x32_10(
             b & _LO32, b >> _S32, np.uint64(0), np.uint64(0), k0, k1
