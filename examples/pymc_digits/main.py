@@ -82,6 +82,9 @@ def main(
                 nuts_sampler=sampler,
                 random_seed=seed,
                 progressbar=progressbar,
+                # chains one after another: PyMC's worker processes are forked,
+                # and fork() after Numba's OpenMP threads started aborts them
+                cores=1,
             )
             seconds = time.perf_counter() - t0
         post = idata.posterior

@@ -35,11 +35,11 @@ import numpy as np  # noqa: E402
 
 
 def build(args):
-    import nets
     import pytensor
     import pytensor.tensor as pt
 
     import cc2ops
+    import nets
     from cc2ops.distributed import checkpoint
     from cc2ops.graph import multi_gpu
 

@@ -40,7 +40,13 @@ def _train(n: int | None, *args: str) -> None:
             + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
             + cmd
         )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        OMP_NUM_THREADS="1",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
 

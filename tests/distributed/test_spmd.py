@@ -42,7 +42,13 @@ def mpirun_command(n: int) -> list[str]:
 def run_worker(out: Path, n: int | None, *args: str, timeout: float = 300) -> float:
     """Run the worker (under ``mpirun -n n``, or alone for None); its wall time."""
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+        OMP_NUM_THREADS="1",
+    )
     cmd = [sys.executable, str(WORKER), "--out", str(out), *args]
     if n is not None:
         cmd = mpirun_command(n) + cmd + ["--spmd"]

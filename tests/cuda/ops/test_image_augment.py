@@ -37,7 +37,7 @@ from cc2ops.cuda.runtime.compile import all_variants, render
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "imagenet"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "imagenet"
 sys.path.insert(0, str(EXAMPLE))
 
 import data  # noqa: E402
