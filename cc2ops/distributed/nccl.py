@@ -109,7 +109,8 @@ class NcclCommunicator(Communicator):
             )
         self._poll(None, f"set-up ({self.name}: ncclCommInitRank)")
         red = _attr(core, "NcclRedOp", "RedOp")
-        self.SUM = getattr(red, "SUM", None) or red.Sum
+        # ncclSum is 0: a falsy IntEnum member, so no ``getattr(...) or`` here
+        self.SUM = red.SUM if hasattr(red, "SUM") else red.Sum
 
     # ---- progress ----------------------------------------------------------
     def _poll(self, stream_done: Any, what: str) -> None:
