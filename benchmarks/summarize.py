@@ -20,7 +20,7 @@ from common import RESULTS_DIR, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = Path(__file__).resolve().parent / "notes"
-ORDER = ("conv", "layers", "step", "train", "multi_gpu")
+ORDER = ("conv", "layers", "step", "train", "multi_gpu", "cpu")
 #: The columns shown per benchmark (every field stays in the JSON file).
 COLUMNS = {
     "conv": (
@@ -75,8 +75,9 @@ def render(results: Path = RESULTS_DIR) -> str:
     for name in names:
         path, doc = docs[name]
         parts.append(f"\n## {name}\n")
+        machine = doc.get("gpu") or doc.get("cpu", "?")  # the CPU benchmark names a CPU
         parts.append(
-            f"{doc['gpu']}, {doc['date']}, commit `{doc['commit'][:10]}`, "
+            f"{machine}, {doc['date']}, commit `{doc['commit'][:10]}`, "
             f"peer {doc['peer']} (`{path.relative_to(ROOT)}`)\n"
         )
         parts.append(markdown_table(doc["rows"], COLUMNS.get(name)) + "\n")
