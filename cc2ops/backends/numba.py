@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 from numba import prange
 from numba.extending import register_jitable
+from numba.np.ufunc.parallel import _launch_threads
 from pytensor.link.numba.dispatch.basic import (
     default_hash_key_from_props,
     numba_njit,
@@ -96,6 +97,16 @@ CACHE_VERSION = int(hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 #: F/groups rows needs many columns to amortise its packing); 2**24 elements
 #: (64 MiB in float32) is the budget of the numpy reference too.
 COLS_BUDGET = 1 << 24
+
+
+# The kernels below with ``parallel=True`` are called from inside PyTensor's
+# jitted graph function, and Numba starts its threading layer only when a
+# parallel function is compiled at top level. Without this, linking a graph
+# whose first parallel kernel is a callee (one loaded from the on-disk cache,
+# say) fails with "LLVM ERROR: Symbol not found: allocate_sched" and aborts the
+# process. Starting the threads is idempotent; Numba's own API has no public
+# name for it.
+_launch_threads()
 
 
 def _jit(*args, **kwargs):

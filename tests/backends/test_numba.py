@@ -10,6 +10,7 @@ arguments of the kernels) more than the dtypes.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -468,3 +469,44 @@ def test_dropout_graph_is_cacheable():
             kinds.add(type(node.op).__name__)
             assert numba_funcify_and_cache_key(node.op, node=node)[1] is not None
     assert kinds == {"Dropout", "DropoutAdvance"}
+
+
+def test_parallel_kernels_link_in_a_fresh_process(tmp_path):
+    """A graph of cc2ops's parallel kernels links in a first and a second session.
+
+    Numba starts its threading layer (which registers the scheduler symbols)
+    when it lowers a ``parallel=True`` function; a graph function that only
+    links cached parallel kernels needs it started too, or LLVM aborts the
+    process ("Symbol not found: allocate_sched", seen once on this project's
+    CPU machine when the PyMC example's test ran on its own).
+    ``cc2ops.backends.numba`` starts the threads at import. This test runs
+    the example's log density in two fresh interpreters sharing fresh caches
+    (the second one loads what the first compiled); it did not reproduce the
+    abort on demand, so it guards the path, not the exact trigger.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; sys.path.insert(0, 'examples/pymc_digits')\n"
+        "import numpy as np, model\n"
+        "X, y, _, _ = model.load_data(100, 10, 0)\n"
+        "theta = np.random.default_rng(3).normal(scale=0.3, size=model.n_params())\n"
+        "f = model.log_density_function(X, y, mode='FAST_RUN')\n"
+        "print(float(f(theta)[0]))\n"
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(root),
+        PYTENSOR_FLAGS=f"base_compiledir={tmp_path / 'pytensor'}",
+        NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+    )
+    for session in ("first", "second"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+            text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{session} process: {proc.stderr[-3000:]}"
+        assert np.isfinite(float(proc.stdout.strip().splitlines()[-1]))
