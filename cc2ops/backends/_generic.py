@@ -563,11 +563,19 @@ BUILDERS: dict[type, Callable[[Arrays, Any, Apply], Callable]] = {
 }
 
 
-def register(dispatcher, arrays: Arrays) -> None:
-    """Register every op of :data:`BUILDERS` with a PyTensor ``*_funcify``."""
+def register(
+    dispatcher, arrays: Arrays, check: Callable[[Any, Any], None] | None = None
+) -> None:
+    """Register every op of :data:`BUILDERS` with a PyTensor ``*_funcify``.
+
+    ``check(op, node)``, if given, runs before each build (the tracing
+    backends' static-shape check, :func:`cc2ops.backends.rewriting.register_traced`).
+    """
     for cls, build in BUILDERS.items():
 
         def funcify(op, node=None, build=build, **kwargs):
+            if check is not None:
+                check(op, node)
             return build(arrays, op, node)
 
         funcify.__name__ = f"{arrays.name}_funcify_{cls.__name__}"

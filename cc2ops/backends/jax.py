@@ -42,11 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from pytensor.graph.basic import Constant
 from pytensor.link.jax.dispatch import jax_funcify
 
 from cc2ops.backends import _generic
-from cc2ops.backends.rewriting import SHAPE_INPUTS, ShapeVector
+from cc2ops.backends.rewriting import register_traced
 
 _DN = ("NCHW", "OIHW", "NCHW")
 _HIGHEST = lax.Precision.HIGHEST
@@ -211,42 +210,4 @@ class JaxArrays(_generic.Arrays):
 ARRAYS = JaxArrays()
 
 
-def _check_static_inputs(op, node) -> None:
-    """Raise, naming the op, where an (H, W) input cannot be static for JAX."""
-    if node is None or type(op) not in SHAPE_INPUTS:
-        return
-    i, role = SHAPE_INPUTS[type(op)]
-    v = node.inputs[i]
-    if isinstance(v, Constant) or (
-        v.owner is not None and isinstance(v.owner.op, ShapeVector)
-    ):
-        return
-    raise ValueError(
-        f"{type(op).__name__}: {role} must be static for JAX (a constant or the "
-        f"shape of a variable, which the 'jax'-tagged rewrite "
-        f"cc2ops_static_shapes makes static), got {v} computed by "
-        f"{v.owner.op if v.owner is not None else 'a graph input'}"
-    )
-
-
-def _register() -> None:
-    for cls, build in _generic.BUILDERS.items():
-
-        def funcify(op, node=None, build=build, **kwargs):
-            _check_static_inputs(op, node)
-            return build(ARRAYS, op, node)
-
-        funcify.__name__ = f"jax_funcify_{cls.__name__}"
-        jax_funcify.register(cls)(funcify)
-
-    @jax_funcify.register(ShapeVector)
-    def jax_funcify_ShapeVector(op, node=None, **kwargs):
-        axes = op.axes
-
-        def shape_vector(*variables):
-            return tuple(v.shape[a] for v, a in zip(variables, axes, strict=True))
-
-        return shape_vector
-
-
-_register()
+register_traced(jax_funcify, ARRAYS, "JAX")

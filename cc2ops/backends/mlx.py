@@ -25,11 +25,10 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from pytensor.graph.basic import Constant
 from pytensor.link.mlx.dispatch import mlx_funcify
 
 from cc2ops.backends import _generic
-from cc2ops.backends.rewriting import SHAPE_INPUTS, ShapeVector
+from cc2ops.backends.rewriting import register_traced
 
 _DTYPES = {
     "float32": mx.float32,
@@ -138,41 +137,4 @@ class MlxArrays(_generic.Arrays):
 ARRAYS = MlxArrays()
 
 
-def _check_static_inputs(op, node) -> None:
-    """Raise, naming the op, where an (H, W) input cannot be static for MLX."""
-    if node is None or type(op) not in SHAPE_INPUTS:
-        return
-    i, role = SHAPE_INPUTS[type(op)]
-    v = node.inputs[i]
-    if isinstance(v, Constant) or (
-        v.owner is not None and isinstance(v.owner.op, ShapeVector)
-    ):
-        return
-    raise ValueError(
-        f"{type(op).__name__}: {role} must be static for MLX (a constant or the "
-        f"shape of a variable, which the 'mlx'-tagged rewrite "
-        f"cc2ops_static_shapes makes static), got {v}"
-    )
-
-
-def _register() -> None:
-    for cls, build in _generic.BUILDERS.items():
-
-        def funcify(op, node=None, build=build, **kwargs):
-            _check_static_inputs(op, node)
-            return build(ARRAYS, op, node)
-
-        funcify.__name__ = f"mlx_funcify_{cls.__name__}"
-        mlx_funcify.register(cls)(funcify)
-
-    @mlx_funcify.register(ShapeVector)
-    def mlx_funcify_ShapeVector(op, node=None, **kwargs):
-        axes = op.axes
-
-        def shape_vector(*variables):
-            return tuple(v.shape[a] for v, a in zip(variables, axes, strict=True))
-
-        return shape_vector
-
-
-_register()
+register_traced(mlx_funcify, ARRAYS, "MLX")

@@ -25,6 +25,8 @@ runs it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply, Constant, Variable
@@ -43,6 +45,7 @@ from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.subtensor import Subtensor, get_idx_list
 from pytensor.tensor.type import TensorType
 
+from cc2ops.backends import _generic
 from cc2ops.conv import ImageActs, WeightActs
 from cc2ops.graph.db import static_shapes_db
 from cc2ops.pool import AvgPoolGrad
@@ -233,3 +236,46 @@ static_shapes_db.register(
     "mlx",
     position=0,
 )
+
+
+def check_static_inputs(op: Any, node: Any, library: str) -> None:
+    """Raise, naming the op, where an (H, W) input cannot be static for ``library``.
+
+    Tracing backends (JAX, MLX) need the shape inputs of :data:`SHAPE_INPUTS`
+    as constants or :class:`ShapeVector` (what :data:`static_shapes_db` makes).
+    """
+    if node is None or type(op) not in SHAPE_INPUTS:
+        return
+    i, role = SHAPE_INPUTS[type(op)]
+    v = node.inputs[i]
+    if isinstance(v, Constant) or (
+        v.owner is not None and isinstance(v.owner.op, ShapeVector)
+    ):
+        return
+    tag = library.lower()
+    raise ValueError(
+        f"{type(op).__name__}: {role} must be static for {library} (a constant or "
+        f"the shape of a variable, which the '{tag}'-tagged rewrite "
+        f"cc2ops_static_shapes makes static), got {v} computed by "
+        f"{v.owner.op if v.owner is not None else 'a graph input'}"
+    )
+
+
+def register_traced(dispatcher: Any, arrays: Any, library: str) -> None:
+    """Register the ops and :class:`ShapeVector` with a tracing backend's dispatcher.
+
+    Every op goes through :func:`cc2ops.backends._generic.register` with the
+    static-shape check; ``ShapeVector`` reads its variables' shapes while tracing.
+    """
+    _generic.register(
+        dispatcher, arrays, lambda op, node: check_static_inputs(op, node, library)
+    )
+
+    @dispatcher.register(ShapeVector)
+    def funcify_shape_vector(op, node=None, **kwargs):
+        axes = op.axes
+
+        def shape_vector(*variables):
+            return tuple(v.shape[a] for v, a in zip(variables, axes, strict=True))
+
+        return shape_vector
