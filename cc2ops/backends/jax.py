@@ -196,9 +196,12 @@ class JaxArrays(_generic.Arrays):
     def _window(xp, plan, init, reducer):
         r0, c0 = plan.first
         (kh, kw), (sh, sw), (nr, nc) = plan.size, plan.stride, plan.n
+        # a numpy scalar, not jnp.asarray: under jax.jit the latter is a tracer,
+        # and reduce_window then takes its generic form, which JAX cannot
+        # differentiate in reverse mode (numpyro jits jax.grad of the log density)
         out = lax.reduce_window(
             xp[:, :, r0:, c0:],
-            jnp.asarray(init, xp.dtype),
+            np.asarray(init, xp.dtype),
             reducer,
             (1, 1, kh, kw),
             (1, 1, sh, sw),
