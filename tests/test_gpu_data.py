@@ -15,6 +15,7 @@ import io
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ class HostOps:
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
+        self.ended = []  # threads that called end_thread
 
     def decode(self, blobs):
         out = []
@@ -93,6 +95,10 @@ class HostOps:
         slot.state["busy"] = False
         with self.lock:
             self.in_flight -= 1
+
+    def end_thread(self):
+        # which thread ends, and whether it still had work to hand over
+        self.ended.append(threading.current_thread().name)
 
 
 def _smooth(rng, h, w):
@@ -280,6 +286,35 @@ def test_close_mid_epoch_stops_the_loader(folder):
     loader.close()
     assert not loader._thread.is_alive()
     assert ops.in_flight <= 2  # the queued one stays unconsumed; nothing leaks
+
+
+@pytest.mark.parametrize("how", ["end of epoch", "error", "close mid-epoch"])
+def test_the_loader_thread_releases_its_device_contexts_before_it_ends(folder, how):
+    """pycuda aborts the process when a thread ends with a context current (the
+    H200 runs of the pipeline died so): the loader thread calls
+    ``ops.end_thread`` once, on every way out, before the consumer can see its
+    last item."""
+    bad = "error" if how == "error" else "skip"
+    _, gpu, ops = _sources(folder, "train", bad=bad)
+    plan = data.epoch_plan(len(gpu), 4, seed=3, epoch=1)
+    loader = data.iterate(gpu, plan, 0, 2, 1)
+    try:
+        if how == "close mid-epoch":
+            next(iter(loader))
+            loader.close()
+        else:
+            expect = (
+                pytest.raises(data.DatasetError) if how == "error" else nullcontext()
+            )
+            with expect:
+                for _ in loader:
+                    # the loader ends its thread before it hands over the end
+                    pass
+            assert ops.ended == ["cc2ops-gpu-loader"], how
+    finally:
+        loader.close()
+    assert not loader._thread.is_alive()
+    assert ops.ended == ["cc2ops-gpu-loader"], how
 
 
 def test_synthetic_batches_are_reproducible_and_labels_in_range():

@@ -448,6 +448,16 @@ class CudaOps:
         self._dev.activate()
         slot.state["released"].record(self._dev.stream)
 
+    def end_thread(self) -> None:
+        """The loader thread is about to end: pop the contexts it made current.
+
+        pycuda aborts the process when a thread ends with a context on its
+        stack (:func:`cc2ops.cuda.runtime.device.release_thread`).
+        """
+        from cc2ops.cuda.runtime.device import release_thread
+
+        release_thread()
+
 
 # --------------------------------------------------------------------------
 # sources
@@ -722,6 +732,11 @@ class GpuLoader:
         except BaseException as e:  # handed to the consumer, in order
             self._put(e)
             return
+        finally:
+            # before the last item is handed over: the consumer may end the
+            # process as soon as it has it, and this thread must not end with
+            # a device context current (pycuda would abort)
+            self.source.ops.end_thread()
         self._put(_DONE)
 
     def _release_held(self) -> None:

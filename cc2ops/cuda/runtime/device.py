@@ -69,6 +69,7 @@ __all__ = [
     "physical_index",
     "initialized_devices",
     "current_physical",
+    "release_thread",
     "register_shutdown_hook",
     "shutdown",
     "is_shut_down",
@@ -270,6 +271,26 @@ def _make_current(phys: _Physical) -> None:
         stack.pop()
     phys.context.push()
     stack.append(phys)
+
+
+def release_thread() -> None:
+    """Pop every context cc2ops pushed on the calling thread's pycuda stack.
+
+    pycuda keeps one context stack per OS thread and aborts the whole process
+    (``PyCUDA ERROR: The context stack was not empty``, then ``abort()``) when a
+    thread ends with a context still on its stack. The ``atexit`` handler
+    empties the main thread's stack; any other thread that made a device
+    current (``activate``, ``push``, or any cc2ops call that launches or
+    allocates) must call this before it ends, for example in a ``finally`` at
+    the bottom of its target. A no-op on a thread that pushed nothing.
+    """
+    stack = _active.stack
+    if not stack:
+        return
+    drv = driver()
+    while stack:
+        drv.Context.pop()
+        stack.pop()
 
 
 class Device:

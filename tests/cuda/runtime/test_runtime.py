@@ -529,3 +529,40 @@ def test_clean_interpreter_exit(explicit_shutdown):
     assert "DONE" in proc.stdout
     noisy = [word for word in NOISE if word in proc.stderr]
     assert not noisy, proc.stderr
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_a_thread_that_used_a_device_ends_cleanly_after_release_thread(release):
+    """pycuda aborts the process when a thread ends with a context on its stack
+    (the GPU input pipeline's loader thread did); ``release_thread`` pops what
+    cc2ops pushed on the thread. Without it the process aborts, which is why
+    every such thread calls it (this half shows the hazard is real)."""
+    proc = run_python(
+        f"""
+        import threading
+        import numpy as np
+        from cc2ops.cuda.runtime import array, device
+
+        def work():
+            try:
+                device.get_device(0).activate()
+                x = array.to_gpu(np.arange(6, dtype=np.float32), 0)
+                assert array.to_host(x).sum() == 15
+            finally:
+                if {release}:
+                    device.release_thread()
+                    device.release_thread()  # a second call is a no-op
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        print("thread done")
+        """
+    )
+    if release:
+        assert proc.returncode == 0, proc.stderr
+        assert "thread done" in proc.stdout
+        assert "context stack was not empty" not in proc.stderr
+    else:
+        assert proc.returncode != 0
+        assert "context stack was not empty" in proc.stderr
