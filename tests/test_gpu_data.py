@@ -48,6 +48,7 @@ class HostOps:
         self.max_in_flight = 0
         self.lock = threading.Lock()
         self.ended = []  # threads that called end_thread
+        self.freed = []  # (slot index, thread) of free_slot calls
 
     def decode(self, blobs):
         out = []
@@ -95,6 +96,12 @@ class HostOps:
         slot.state["busy"] = False
         with self.lock:
             self.in_flight -= 1
+
+    def free_slot(self, slot):
+        # the consumer's thread frees every slot once (CudaOps frees buffers)
+        assert not slot.state.get("freed"), "a slot was freed twice"
+        self.freed.append((slot.index, threading.current_thread().name))
+        slot.state["freed"] = True
 
     def end_thread(self):
         # which thread ends, and whether it still had work to hand over
@@ -315,6 +322,11 @@ def test_the_loader_thread_releases_its_device_contexts_before_it_ends(folder, h
         loader.close()
     assert not loader._thread.is_alive()
     assert ops.ended == ["cc2ops-gpu-loader"], how
+    # every slot freed once, by the consumer, not by a loader or reading thread
+    me = threading.current_thread().name
+    assert sorted(ops.freed) == [(k, me) for k in range(1 + 2)], how
+    with pytest.raises(ValueError, match="closed loader"):
+        next(iter(loader))
 
 
 def test_synthetic_batches_are_reproducible_and_labels_in_range():

@@ -348,6 +348,13 @@ class CudaOps:
                     out.append(None)
         return [self._wrap(img) for img in out]
 
+    def decode_to_host(self, blobs: Sequence[bytes]) -> list[np.ndarray | None]:
+        """:meth:`decode`, then each image copied back as (H, W, 3) uint8, for
+        measuring the decoder's difference from Pillow (tests, benchmarks)."""
+        out = self.decode(blobs)
+        self.side.synchronize()
+        return [None if d is None else np.asarray(d.keep.cpu()) for d in out]
+
     def new_slot(self, index: int) -> Slot:
         drv = self._drv
         self._dev.activate()
@@ -362,24 +369,52 @@ class CudaOps:
             alloc = drv.mem_alloc(max(nbytes, 1))
             return GPUArray(shape, dtype, gpudata=alloc), alloc
 
+        c = self.crop
         ptrs, a1 = device_array((cap,), np.uint64)
         geom, a2 = device_array((cap, 8), np.int32)
         labels, a3 = device_array((cap,), np.int32)
+        # the CPU-decoded images of a batch (already cropped): allocated here,
+        # on the consumer's thread, like every other buffer of the slot, never
+        # in the loader thread (pycuda cannot free an object made there once
+        # the thread has released its context)
+        host, a4 = device_array((cap, c, c, 3), np.uint8)
         state = {
             "h_ptrs": drv.pagelocked_empty((cap,), np.uint64),
             "h_geom": drv.pagelocked_empty((cap, 8), np.int32),
             "h_labels": drv.pagelocked_empty((cap,), np.int32),
+            "h_host": drv.pagelocked_empty((cap, c, c, 3), np.uint8),
             "ptrs": ptrs,
             "geom": geom,
             "labels": labels,
-            "allocs": [a1, a2, a3],
-            "h_host": None,  # pinned and device buffers of CPU-decoded images
-            "host": None,
+            "host": int(host.gpudata),
+            "allocs": [a1, a2, a3, a4],
             "ready": drv.Event(),
             "released": drv.Event(),
             "used": False,
         }
         return Slot(index, state)
+
+    def free_slot(self, slot: Slot) -> None:
+        """Free a slot's buffers now, on the calling (consumer) thread.
+
+        Waits for the side stream and for the device's last use of the slot,
+        then frees its device and pinned buffers and drops its events and
+        decoded images. The batches :meth:`finish` returned do not refer to
+        the slot and stay valid.
+        """
+        st = slot.state
+        if not st:
+            return
+        self._dev.activate()
+        self.side.synchronize()
+        if st["used"]:
+            st["released"].synchronize()
+        for alloc in st["allocs"]:
+            alloc.free()
+        for key in ("h_ptrs", "h_geom", "h_labels", "h_host"):
+            st[key].base.free()
+        st.clear()
+        slot.keep = []
 
     def wait_released(self, slot: Slot) -> None:
         if slot.state["used"]:
@@ -400,11 +435,6 @@ class CudaOps:
         n = len(images)
         host_imgs = [k for k, im in enumerate(images) if isinstance(im, np.ndarray)]
         if host_imgs:
-            c = self.crop
-            if st["host"] is None:
-                st["h_host"] = drv.pagelocked_empty((self.capacity, c, c, 3), np.uint8)
-                st["host_alloc"] = drv.mem_alloc(self.capacity * c * c * 3)
-                st["host"] = int(st["host_alloc"])
             for j, k in enumerate(host_imgs):
                 st["h_host"][j] = images[k]
             drv.memcpy_htod_async(st["host"], st["h_host"][: len(host_imgs)], self.side)
@@ -428,20 +458,30 @@ class CudaOps:
 
     # ---- consumer thread --------------------------------------------------
     def finish(self, slot: Slot, n: int) -> tuple[Any, Any]:
-        """(x, y) of a prepared slot: the augment kernel queued on the device's
-        stream after the slot's uploads and decodes."""
+        """(x, y) of a prepared slot: the augment kernel and a copy of the labels
+        queued on the device's stream after the slot's uploads and decodes.
+
+        ``x`` and ``y`` are new arrays from the device's pool: they outlive
+        the slot (:meth:`free_slot`).
+        """
         from cc2ops.cuda.ops.image_augment import augment
         from cc2ops.cuda.runtime import array
 
         st = slot.state
         self._dev.activate()
-        self._dev.stream.wait_for_event(st["ready"])
+        stream = self._dev.stream
+        stream.wait_for_event(st["ready"])
         x = array.empty((n, 3, self.crop, self.crop), np.float32, self.device)
         augment(
             st["ptrs"][:n], st["geom"][:n], x, self.crop, self.mean, self.inv_std,
             self.device,
         )  # fmt: skip
-        return x, st["labels"][:n]
+        y = array.empty((n,), np.int32, self.device)
+        if n:
+            self._drv.memcpy_dtod_async(
+                int(y.gpudata), int(st["labels"].gpudata), 4 * n, stream
+            )
+        return x, y
 
     def release(self, slot: Slot) -> None:
         """The device's stream has been given every use of the slot."""
@@ -691,8 +731,9 @@ class GpuLoader:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         # one slot filling, `depth` waiting, one in the consumer's hands
         self._free: queue.Queue = queue.Queue()
-        for k in range(depth + 2):
-            self._free.put(source.ops.new_slot(k))
+        self._slots = [source.ops.new_slot(k) for k in range(depth + 2)]
+        for slot in self._slots:
+            self._free.put(slot)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, workers), thread_name_prefix="cc2ops-gpu-read"
@@ -702,6 +743,7 @@ class GpuLoader:
         )
         self._held: Slot | None = None
         self._started = False
+        self._closed = False
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -746,6 +788,11 @@ class GpuLoader:
             self._held = None
 
     def __iter__(self) -> Iterator[data.Batch]:
+        if self._closed:
+            raise ValueError(
+                "GpuLoader: cannot iterate a closed loader (its slots "
+                "are freed); make a new one with source.iterate"
+            )
         if not self._started:
             self._started = True
             self._thread.start()
@@ -762,12 +809,20 @@ class GpuLoader:
             yield data.Batch(x, y, skipped)
 
     def close(self) -> None:
-        """Stop the loader thread and release the slot in the consumer's hands."""
+        """Stop the loader thread, release the slot in the consumer's hands and
+        free every slot on the calling thread (the batches already yielded stay
+        valid). Closing twice is a no-op."""
+        self._closed = True
         self._stop.set()
         if self._started:
             self._thread.join()
         self._release_held()
         self._pool.shutdown(wait=True)
+        # free on this thread, not wherever the garbage collector would run
+        # (a reading thread has no device context: pycuda cannot free there)
+        slots, self._slots = self._slots, []
+        for slot in slots:
+            self.source.ops.free_slot(slot)
 
     def __enter__(self) -> GpuLoader:
         return self

@@ -93,8 +93,23 @@ def test_gpu_batches_match_the_cpu_path(folder):
             diffs.append(np.abs(x - w.x) * std)  # levels of 255
     assert len(diffs) == len(want)
     d = np.concatenate([v.ravel() for v in diffs])
-    print(f"GPU vs CPU pipeline: mean |diff| {d.mean():.3f}, max {d.max():.1f} levels")
-    assert d.mean() < 1.5 and d.max() <= 24
+    # the decoders' own difference on the same files, at full resolution: the
+    # pipelines differ by it (the resize and crop are the twin's, tested
+    # exactly in tests/cuda/ops/test_image_augment.py), plus rounding
+    blobs = [Path(f).read_bytes() for f in split.paths if f.endswith(".jpg")]
+    dec = []
+    for blob, got in zip(blobs, ops.decode_to_host(blobs), strict=True):
+        if got is None:
+            continue  # CMYK, truncated: the CPU path's, compared above
+        with Image.open(io.BytesIO(blob)) as im:
+            dec.append(np.abs(got.astype(np.int16) - np.asarray(im.convert("RGB"))))
+    dd = np.concatenate([v.ravel() for v in dec])
+    print(
+        f"GPU vs CPU pipeline: mean |diff| {d.mean():.3f}, max {d.max():.1f} levels; "
+        f"nvImageCodec vs Pillow decode alone: mean {dd.mean():.3f}, max {dd.max()}"
+    )
+    assert len(dec) >= 36
+    assert d.mean() <= dd.mean() + 0.5 and d.max() <= max(24, dd.max() + 1)
     assert gpu.routed_to_cpu >= 2  # the CMYK and PNG files at least
 
 
@@ -129,9 +144,33 @@ def test_resume_mid_epoch_on_the_gpu_path_reproduces_the_run(folder, tmp_path):
     got = dict(part["step_losses"]) | dict(rest["step_losses"])
     want = dict(full["step_losses"])
     assert got.keys() == want.keys()
+    # the resumed run's first step is the captured function's eager warm-up
+    # call, which the uninterrupted run replays: eager and replayed steps agree
+    # to 1e-4 (test_graph_replay_matches_eager_steps_on_synthetic_data), so
+    # the runs do from there; without graphs they agree to rounding
     np.testing.assert_allclose(
-        [got[k] for k in sorted(got)], [want[k] for k in sorted(want)], rtol=1e-5
+        [got[k] for k in sorted(got)], [want[k] for k in sorted(want)], rtol=1e-4
     )
+    eager = [*base, "--no-graph"]
+    full_e = _run(eager, tmp_path / "full_e")
+    _run([*eager, "--max-steps", "6"], tmp_path / "mid_e")
+    rest_e = train.main(
+        [
+            "--resume",
+            str(tmp_path / "mid_e"),
+            "--device",
+            "cuda",
+            "--no-graph",
+            *QUIET,
+        ]  # fmt: skip
+    )
+    got_e = dict(rest_e["step_losses"])
+    want_e = {k: v for k, v in full_e["step_losses"] if k in got_e}
+    assert sorted(got_e) == sorted(want_e) == list(range(7, full["step"] + 1))
+    np.testing.assert_allclose(
+        [got_e[k] for k in sorted(got_e)], [want_e[k] for k in sorted(want_e)],
+        rtol=1e-6,
+    )  # fmt: skip
     # the unreadable files are skipped and counted as on the CPU
     cpu = _run([*base, "--data-device", "cpu", "--epochs", "1"], tmp_path / "cpu")
     gpu = _run([*base, "--epochs", "1"], tmp_path / "gpu1")

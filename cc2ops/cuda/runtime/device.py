@@ -283,6 +283,12 @@ def release_thread() -> None:
     current (``activate``, ``push``, or any cc2ops call that launches or
     allocates) must call this before it ends, for example in a ``finally`` at
     the bottom of its target. A no-op on a thread that pushed nothing.
+
+    Such a thread should not be the first to use a device (the device's
+    stream and memory pool belong to the thread that makes them, and pycuda
+    cannot free them from another one), and what it allocates outside the
+    device's pool should be freed by the thread that keeps using the device
+    (pycuda cannot free it on a thread with no context current).
     """
     stack = _active.stack
     if not stack:

@@ -553,6 +553,9 @@ def test_a_thread_that_used_a_device_ends_cleanly_after_release_thread(release):
                     device.release_thread()
                     device.release_thread()  # a second call is a no-op
 
+        # the device is made on the main thread, as the example's loader does
+        # (its pool and stream belong to the thread that makes it)
+        device.get_device(0).activate()
         t = threading.Thread(target=work)
         t.start()
         t.join()
