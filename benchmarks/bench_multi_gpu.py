@@ -501,6 +501,7 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
     from mpi4py import MPI
 
     import cc2ops.distributed as dist
+    from cc2ops.distributed.communicator import lookup
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -522,7 +523,7 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
         share = None
 
         def sync():
-            from cc2ops.cuda.device import initialized_devices
+            from cc2ops.cuda.runtime.device import initialized_devices
 
             for dev in initialized_devices():
                 dev.synchronize()
@@ -549,7 +550,13 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
         try:
             t0 = time.perf_counter()
             cfg = imagenet_config(batch=per_gpu * size, dropout=0.0, image=image)
-            mode = dist.mode(1 if args.flat_groups else size, base=base)
+            # the example's collectives: NCCL on the GPUs, MPI on the CPU
+            mode = dist.mode(
+                1 if args.flat_groups else size,
+                base=base,
+                collectives="mpi" if cpu else "nccl",
+                device=None if cpu else local,
+            )
             ins, loss, updates, shared, vel = build(
                 cfg, params, mode, (local,), scheme, share, spmd=True
             )
@@ -561,7 +568,8 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
                     f"spmd K={size} scheme {scheme}: first loss {got} vs the "
                     f"single-device {want}"
                 )
-            comms = [mode.topology.group_comm, mode.topology.cross_comm]
+            # the communicators the collectives ran on (NCCL's or MPI's)
+            comms = [lookup(k) for k in mode.backend.keys.values()]
             for c in comms:
                 c.stats.clear()
             times = _median_ms(lambda fn=fn: fn(big, big_y), warmup, iters, sync)

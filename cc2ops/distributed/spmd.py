@@ -70,13 +70,20 @@ from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.traversal import toposort
+from pytensor.tensor.basic import MakeVector
 from pytensor.tensor.exceptions import ShapeError
 from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type import TensorType
 
 from cc2ops._op import Cc2Op
-from cc2ops.comm import Shard, VirtualBackend, _symbolic_piece, shard_bounds
+from cc2ops.comm import (
+    Shard,
+    ShardGrad,
+    VirtualBackend,
+    _symbolic_piece,
+    shard_bounds,
+)
 from cc2ops.distributed.communicator import (
     CommError,
     Communicator,
@@ -618,7 +625,15 @@ class _Projector:
         if isinstance(node.op, Shape_i):
             val = pt.cast(shp[node.op.i], node.outputs[0].type.dtype)
         else:
-            val = pt.cast(pt.stack(shp) if shp else pt.zeros((0,), "int64"), "int64")
+            # a MakeVector (not pt.stack's Join of ExpandDims), which
+            # canonicalize folds with the graph's other shape vectors (a
+            # flatten's [n, -1]); a Join would be lifted to the GPU and read
+            # back, a device sync per step
+            val = (
+                MakeVector("int64")(*[pt.cast(d, "int64") for d in shp])
+                if shp
+                else pt.zeros((0,), "int64")
+            )
         out = node.outputs[0]
         self.memo[out] = out.type.filter_variable(self.expr(val), allow_convert=True)
 
@@ -693,6 +708,8 @@ class _Projector:
                 index = [slice(None)] * x.type.ndim
                 index[op.axis] = slice(start, start + sizes[r])
                 piece = x[tuple(index)]
+            elif op.n == 1:
+                piece = x  # the one piece of one
             else:
                 piece = Shard(op.n, r, op.axis)(x)
             self.put(node.outputs[r], piece)
@@ -725,6 +742,12 @@ class _Projector:
                     f"cc2ops.distributed: rank {self.topo.rank} (device {self.r}) "
                     f"needs {node.op} of {bad}, values of another device"
                 )
+            return
+        if isinstance(node.op, (Shard, ShardGrad)) and node.op.n == 1:
+            # the one piece of one is the whole (ShardGrad: its cotangent):
+            # left in, they are host ops that keep the GPU lifting from
+            # keeping the loss and its gradient on the device
+            self.put(node.outputs[0], new_inputs[0])
             return
         if all(n is o for n, o in zip(new_inputs, node.inputs, strict=True)):
             for o in node.outputs:

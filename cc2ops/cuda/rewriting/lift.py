@@ -168,6 +168,21 @@ def _compatible(old: Variable, new: Variable) -> Variable | None:
         return None
 
 
+def _host_shape_arithmetic(node: Apply) -> bool:
+    """Integer scalars or vectors computed from host values only: shapes,
+    sizes, indices. They stay on the host, where their consumers (a reshape's
+    shape, an alloc's sizes) read them; lifted, each would be read back, a
+    device synchronisation per call. A GPU consumer gets one upload."""
+    for out in node.outputs:
+        dtype = str(getattr(out.type, "dtype", ""))
+        if not dtype.startswith(("int", "uint")) or getattr(out.type, "ndim", 2) > 1:
+            return False
+    return not any(
+        inp.owner is not None and isinstance(inp.owner.op, HostFromGpu)
+        for inp in node.inputs
+    )
+
+
 class _LiftToGpu(NodeRewriter):
     """Lift a host node next to GPU data with its registered rule (module doc)."""
 
@@ -184,6 +199,8 @@ class _LiftToGpu(NodeRewriter):
     ) -> list[Variable] | None:
         rule = _rule_for(node.op)
         if rule is None or getattr(node.tag, _NO_LIFT_TAG, False):
+            return None
+        if _host_shape_arithmetic(node):
             return None
         device = lift_device(fgraph, node)
         if device is None:

@@ -275,6 +275,23 @@ def test_host_op_without_gpu_neighbours_stays():
     assert structure(fg) == [("ToyScale", (2.0,))]
 
 
+def test_host_shape_arithmetic_stays_on_the_host():
+    """An integer scalar or vector made from host values only (a shape, a
+    size) is not lifted even with a GPU consumer: lifted, its host readers
+    would read it back (a device synchronisation); it is uploaded once."""
+    h = pt.lvector("h")
+    out = cuda.gpu_from_host(ToyScale(factor=2)(h), 0)
+    fg = rewrite(out)
+    assert structure(fg) == [("ToyScale", (2.0,)), ("GpuFromHost", (0,))]
+    # a float of the same graph is lifted; an integer read from the GPU too
+    f = cuda.gpu_from_host(ToyScale(factor=2)(pt.vector("f", dtype="float32")), 0)
+    assert ("GpuToyScale", (2.0,)) in structure(rewrite(f))
+    x = gpu_var(shape=(None,), dtype="int64")
+    assert ("GpuToyScale", (2.0,)) in structure(
+        rewrite(ToyScale(factor=2)(cuda.host_from_gpu(x)))
+    )
+
+
 def test_a_gpu_consumer_decides_the_device():
     h = pt.matrix("h", dtype="float32")
     out = cuda.gpu_from_host(ToyScale(factor=2)(h), 1)
