@@ -42,6 +42,7 @@ PACKAGES = {
     "cuda.bindings.driver": "cuda-bindings",
     "cuda.pathfinder": "cuda-pathfinder",
     # the version the cuda extra pins: nvmath marks its bindings experimental
+    "nvmath": "nvmath-python==1.0.1",
     "nvmath.bindings.cublas": "nvmath-python==1.0.1",
     "nccl.core": "nccl4py",
     "nccl.bindings.nccl": "nccl4py",
