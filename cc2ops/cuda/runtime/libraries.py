@@ -117,9 +117,10 @@ def load_library(libname: str, *, user: str, error: type[Exception] = OSError) -
             loaded = pathfinder.load_nvidia_dynamic_lib(libname)
         except Exception as e:  # DynamicLibNotFoundError & co. (RuntimeErrors)
             raise error(
-                f"{user}: the NVIDIA library {libname!r} could not be loaded: {e}. "
-                "cuda-pathfinder looked in the process, NVIDIA's wheels, "
-                "$CONDA_PREFIX, the system loader path (LD_LIBRARY_PATH) and "
+                f"{user}: the NVIDIA library {libname!r} could not be loaded "
+                f"({str(e).strip()}); cuda-pathfinder looked in the process, "
+                "NVIDIA's wheels, $CONDA_PREFIX, the system loader path "
+                "(LD_LIBRARY_PATH), product roots such as $NCCL_HOME and "
                 "$CUDA_PATH/$CUDA_HOME; install the library (its nvidia-* wheel or "
                 "the CUDA toolkit) or put it on one of those paths"
             ) from e
