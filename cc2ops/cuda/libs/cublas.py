@@ -109,7 +109,8 @@ def _enums() -> SimpleNamespace:
     global _enum_cache
     if _enum_cache is None:
         cublas = _nv()
-        data = binding("nvmath", user=_WHERE, error=CublasError).CudaDataType
+        data = binding("nvmath", user=f"{_WHERE} (cuBLAS)", error=CublasError)
+        data = data.CudaDataType
         _enum_cache = SimpleNamespace(
             op={"n": cublas.Operation.N, "t": cublas.Operation.T,
                 "c": cublas.Operation.C},

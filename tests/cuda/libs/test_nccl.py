@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_old_path_warns_and_aliases():
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=300,
