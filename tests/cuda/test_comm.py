@@ -1,9 +1,10 @@
-"""GPU collectives (cc2ops.cuda.comm) and the NCCL binding (cc2ops.cuda.nccl).
+"""GPU collectives (cc2ops.cuda.comm) over the NCCL adapter (cc2ops.cuda.libs.nccl).
 
-CPU-only here: graph building, shapes, pullback structure and the NCCL
-library-missing error. GPU tests (marker ``gpu``) run K = 2 virtual labels on
-one GPU (labels 0 and 1 mapped to physical 0) against the host collectives,
-and a one-GPU NCCL communicator.
+CPU-only here: graph building, shapes and pullback structure. GPU tests
+(marker ``gpu``) run K = 2 virtual labels on one GPU (labels 0 and 1 mapped to
+physical 0) against the host collectives, and a one-GPU NCCL communicator
+through comm.py's calling convention. The adapter's own tests (loading, the
+missing-library error, dtypes) are tests/cuda/libs/test_nccl.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import pytensor.tensor as pt
 import pytest
 
 from cc2ops.comm import AllGather, AllReduce, ReduceScatter
-from cc2ops.cuda import nccl
 from cc2ops.cuda.comm import (
     GpuAllGather,
     GpuAllReduce,
@@ -24,6 +24,7 @@ from cc2ops.cuda.comm import (
     GpuShard,
     resolve_impl,
 )
+from cc2ops.cuda.libs import nccl
 from cc2ops.cuda.type import CudaArrayType
 
 LABELS = (0, 1)
@@ -92,21 +93,6 @@ def test_impl_resolution_for_virtual_labels(monkeypatch):
     assert resolve_impl((0, 1)) == "virtual"
     with pytest.raises(ValueError, match="needs distinct physical devices"):
         resolve_impl((0, 1), "nccl")
-
-
-def test_nccl_missing_library_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(nccl, "_lib", None)
-    monkeypatch.setattr(nccl, "_candidates", lambda: ["/nonexistent/libnccl.so.2"])
-    with pytest.raises(nccl.NcclUnavailableError, match="libnccl could not be loaded"):
-        nccl.version()
-    with pytest.raises(nccl.NcclUnavailableError, match="nvidia-nccl-cu13"):
-        nccl.load()
-
-
-def test_nccl_candidates_honour_the_environment(monkeypatch):
-    monkeypatch.setenv(nccl.LIBRARY_ENV, "/opt/x/libnccl.so.2")
-    assert nccl._candidates()[0] == "/opt/x/libnccl.so.2"
-    assert "libnccl.so.2" in nccl._candidates()
 
 
 def test_communicators_refuse_repeated_devices():

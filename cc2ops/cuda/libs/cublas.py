@@ -1,25 +1,32 @@
-"""cuBLAS through a small ctypes binding: row-major GEMM, batched GEMM and GEMV.
+"""cuBLAS through nvmath-python's bindings: row-major GEMM, batched GEMM and GEMV.
 
-The library is found as ``libcublas.so.13``, ``.so.12`` or ``.so`` in, in
-order: ``$CC2OPS_CUBLAS``, the ``nvidia-cublas`` wheel (``nvidia/cublas/lib``
-or ``nvidia/cu*/lib`` on ``sys.path``), ``$CUDA_HOME``/``$CUDA_PATH``
-``/lib64``, ``/usr/local/cuda/lib64``, then the dynamic loader's search path.
-Nothing is loaded until the first product.
+The calls go through ``nvmath.bindings.cublas`` (``nvmath-python``, pinned by
+the ``cuda`` extra: NVIDIA marks that module experimental, so a new release may
+change it), which takes ints for handles, pointers and enums and raises
+``cuBLASError`` on a failing status; the enums (operations, compute types,
+data types, math mode) are nvmath's. The library is located by
+cuda-pathfinder (:mod:`cc2ops.cuda.runtime.libraries`: NVIDIA's wheels,
+``$CONDA_PREFIX``, the loader path, ``$CUDA_PATH``/``$CUDA_HOME``). Nothing is
+imported or loaded until the first product; without nvmath-python or libcublas
+a product raises :class:`CublasError` saying which is missing.
 
-One handle per physical device, created lazily with the device's primary
-context current (the one the CUDA runtime, hence cuBLAS, uses) and bound to
-the device's stream, so products are ordered with every other cc2ops kernel.
-Status codes become :class:`CublasError` naming the function and the status.
+This module keeps only cc2ops's policy over those calls. One handle per
+physical device, created lazily with the device's primary context current (the
+one pycuda and the CUDA runtime, hence cuBLAS, share) and bound to the device's
+stream, so products are ordered with every other cc2ops kernel; each handle
+has its own workspace (:data:`WORKSPACE_BYTES`), set explicitly so that a
+captured CUDA graph reuses one buffer instead of cuBLAS's pool. Failing
+statuses become :class:`CublasError` naming the call and the status.
 
 Row-major arrays
 ----------------
 cuBLAS is column-major. A row-major matrix with row stride ``ld`` (elements)
 is, read column-major, its transpose with leading dimension ``ld``; so
 ``C = op(A) op(B)`` is computed as ``C^T = op(B)^T op(A)^T`` by passing B
-before A with the same transpose flags. Arrays may have a row stride larger
-than the row (views of wider arrays); transposed views (unit stride along
-the rows) are folded into the transpose flags instead of being copied; any
-other layout is made contiguous first.
+before A with the same transpose flags (:func:`_column_major_gemm`). Arrays
+may have a row stride larger than the row (views of wider arrays); transposed
+views (unit stride along the rows) are folded into the transpose flags instead
+of being copied (:func:`_fold`); any other layout is made contiguous first.
 
 Precision
 ---------
@@ -39,11 +46,8 @@ conjugate-transposed operands.
 
 from __future__ import annotations
 
-import ctypes
-import glob
-import os
-import sys
 import threading
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -54,6 +58,7 @@ from cc2ops.cuda.runtime.device import (
     physical_index,
     register_shutdown_hook,
 )
+from cc2ops.cuda.runtime.libraries import binding, load_library
 from cc2ops.cuda.runtime.precision import get_allow_tf32
 
 __all__ = [
@@ -64,169 +69,116 @@ __all__ = [
     "gemv",
     "library_path",
     "get_handle",
+    "status_name",
 ]
 
-LIB_ENV = "CC2OPS_CUBLAS"
-_LIB_NAMES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
-
-_OP_N, _OP_T, _OP_C = 0, 1, 2
-_CUDA_R_32F = 0
-_CUDA_C_32F = 4
-_CUDA_C_64F = 5
-_COMPUTE_32F = 68
-_COMPUTE_64F = 70
-_COMPUTE_32F_FAST_TF32 = 77
-_GEMM_DEFAULT = -1
-_DEFAULT_MATH = 0
-
-_STATUS = {
-    0: "CUBLAS_STATUS_SUCCESS",
-    1: "CUBLAS_STATUS_NOT_INITIALIZED",
-    3: "CUBLAS_STATUS_ALLOC_FAILED",
-    7: "CUBLAS_STATUS_INVALID_VALUE",
-    8: "CUBLAS_STATUS_ARCH_MISMATCH",
-    11: "CUBLAS_STATUS_MAPPING_ERROR",
-    13: "CUBLAS_STATUS_EXECUTION_FAILED",
-    14: "CUBLAS_STATUS_INTERNAL_ERROR",
-    15: "CUBLAS_STATUS_NOT_SUPPORTED",
-    16: "CUBLAS_STATUS_LICENSE_ERROR",
-}
+_WHERE = "cc2ops.cuda.libs.cublas"
 
 
 class CublasError(RuntimeError):
-    """A cuBLAS call failed, or libcublas could not be loaded."""
+    """A cuBLAS call failed, or nvmath-python or libcublas is missing."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
 
-def status_name(status: int) -> str:
-    """The ``CUBLAS_STATUS_*`` name of a status code."""
-    return _STATUS.get(int(status), f"CUBLAS_STATUS_UNKNOWN({int(status)})")
-
-
 # --------------------------------------------------------------------------
-# the library
+# the bindings
 # --------------------------------------------------------------------------
 
 _lock = threading.RLock()
-_lib: ctypes.CDLL | None = None
-_lib_path: str | None = None
-_handles: dict[int, ctypes.c_void_p] = {}
+_enum_cache: SimpleNamespace | None = None
+_handles: dict[int, int] = {}
 _workspaces: dict[int, Any] = {}
 #: cuBLAS workspace per handle (what cuBLAS asks for on Hopper): set
 #: explicitly so that captured CUDA graphs reuse one buffer
 WORKSPACE_BYTES = 32 << 20
 _hook_registered = False
 
-_p = ctypes.c_void_p
-_i = ctypes.c_int
-_ll = ctypes.c_longlong
 
-_PROTOTYPES: dict[str, list[Any]] = {
-    "cublasCreate_v2": [ctypes.POINTER(ctypes.c_void_p)],
-    "cublasDestroy_v2": [_p],
-    "cublasSetStream_v2": [_p, _p],
-    "cublasSetMathMode": [_p, _i],
-    "cublasSetWorkspace_v2": [_p, _p, ctypes.c_size_t],
-    "cublasSgemm_v2": [_p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
-    "cublasDgemm_v2": [_p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
-    "cublasGemmEx": [
-        _p, _i, _i, _i, _i, _i, _p, _p, _i, _i, _p, _i, _i, _p, _p, _i, _i, _i, _i,
-    ],
-    "cublasSgemmStridedBatched": [
-        _p, _i, _i, _i, _i, _i, _p, _p, _i, _ll, _p, _i, _ll, _p, _p, _i, _ll, _i,
-    ],
-    "cublasDgemmStridedBatched": [
-        _p, _i, _i, _i, _i, _i, _p, _p, _i, _ll, _p, _i, _ll, _p, _p, _i, _ll, _i,
-    ],
-    "cublasGemmStridedBatchedEx": [
-        _p, _i, _i, _i, _i, _i, _p, _p, _i, _i, _ll, _p, _i, _i, _ll, _p, _p, _i, _i,
-        _ll, _i, _i, _i,
-    ],
-    "cublasSgemv_v2": [_p, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
-    "cublasDgemv_v2": [_p, _i, _i, _i, _p, _p, _i, _p, _i, _p, _p, _i],
-}  # fmt: skip
+def _nv() -> ModuleType:
+    """``nvmath.bindings.cublas`` (memoised), else :class:`CublasError`."""
+    return binding(
+        "nvmath.bindings.cublas", user=f"{_WHERE} (cuBLAS)", error=CublasError
+    )
 
 
-def _candidates() -> list[str]:
-    paths: list[str] = []
-    env = os.environ.get(LIB_ENV)
-    if env:
-        paths.append(env)
-    wheel_dirs: list[str] = []
-    for entry in sys.path:
-        if entry and os.path.isdir(os.path.join(entry, "nvidia")):
-            wheel_dirs.append(os.path.join(entry, "nvidia", "cublas", "lib"))
-            wheel_dirs.extend(
-                sorted(glob.glob(os.path.join(entry, "nvidia", "cu*", "lib")))
-            )
-    roots = [
-        os.environ.get("CUDA_HOME"),
-        os.environ.get("CUDA_PATH"),
-        "/usr/local/cuda",
-    ]
-    lib_dirs = wheel_dirs + [
-        os.path.join(r, sub) for r in roots if r for sub in ("lib64", "lib")
-    ]
-    for name in _LIB_NAMES:
-        for d in lib_dirs:
-            path = os.path.join(d, name)
-            if os.path.isfile(path):
-                paths.append(path)
-    paths.extend(_LIB_NAMES)  # the loader's own search path
-    return paths
+def _enums() -> SimpleNamespace:
+    """The cuBLAS and CUDA enum members this module passes, from nvmath."""
+    global _enum_cache
+    if _enum_cache is None:
+        cublas = _nv()
+        data = binding("nvmath", user=f"{_WHERE} (cuBLAS)", error=CublasError)
+        data = data.CudaDataType
+        _enum_cache = SimpleNamespace(
+            op={"n": cublas.Operation.N, "t": cublas.Operation.T,
+                "c": cublas.Operation.C},
+            data={
+                np.dtype(np.float32): data.CUDA_R_32F,
+                np.dtype(np.float64): data.CUDA_R_64F,
+                np.dtype(np.complex64): data.CUDA_C_32F,
+                np.dtype(np.complex128): data.CUDA_C_64F,
+            },
+            compute_32f=cublas.ComputeType.COMPUTE_32F,
+            compute_64f=cublas.ComputeType.COMPUTE_64F,
+            compute_tf32=cublas.ComputeType.COMPUTE_32F_FAST_TF32,
+            gemm_default=cublas.GemmAlgo.DEFAULT,
+            default_math=cublas.Math.DEFAULT_MATH,
+        )  # fmt: skip
+    return _enum_cache
 
 
-def _load() -> ctypes.CDLL:
-    global _lib, _lib_path
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is not None:
-            return _lib
-        errors = []
-        for path in _candidates():
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError as e:
-                errors.append(f"{path}: {e}")
-                continue
-            for fname, argtypes in _PROTOTYPES.items():
-                fn = getattr(lib, fname)
-                fn.argtypes = argtypes
-                fn.restype = ctypes.c_int
-            _lib, _lib_path = lib, path
-            return lib
-        raise CublasError(
-            "cc2ops.cuda.libs.cublas: libcublas could not be loaded (tried "
-            f"{', '.join(_LIB_NAMES)} in ${LIB_ENV}, the nvidia-cublas wheel, "
-            "$CUDA_HOME/lib64 and the loader path); install the CUDA toolkit or "
-            "`pip install nvidia-cublas`. Errors: " + "; ".join(errors[-3:])
-        )
+def _op_enum(op: str) -> int:
+    """cuBLAS's ``cublasOperation_t`` of ``"n"``, ``"t"`` or ``"c"``."""
+    return _enums().op[op]
+
+
+def _data_type(dtype: np.dtype) -> int:
+    """The ``cudaDataType`` of a float32/float64/complex64/complex128 dtype."""
+    return _enums().data[np.dtype(dtype)]
+
+
+def _compute_type(dtype: np.dtype, tf32: bool) -> int:
+    """``cublasComputeType_t`` of a product of ``dtype`` operands: TF32 only
+    for single precision (real or complex) and only when asked for."""
+    e = _enums()
+    if np.dtype(dtype) in (np.dtype(np.float64), np.dtype(np.complex128)):
+        return e.compute_64f
+    return e.compute_tf32 if tf32 else e.compute_32f
+
+
+def status_name(status: int) -> str:
+    """The ``CUBLAS_STATUS_*`` name of a status code."""
+    try:
+        return f"CUBLAS_STATUS_{_nv().Status(int(status)).name}"
+    except (ValueError, CublasError):
+        return f"CUBLAS_STATUS_UNKNOWN({int(status)})"
 
 
 def library_path() -> str:
-    """The path libcublas was loaded from (loads it)."""
-    _load()
-    assert _lib_path is not None
-    return _lib_path
+    """The path libcublas was loaded from (loads it, through cuda-pathfinder)."""
+    return load_library("cublas", user=f"{_WHERE} (cuBLAS)", error=CublasError)
 
 
-def _call(fname: str, *args: Any) -> None:
-    status = getattr(_load(), fname)(*args)
-    if status != 0:
+def _call(fname: str, *args: Any) -> Any:
+    """``nvmath.bindings.cublas.<fname>(*args)``; a failing status raises
+    :class:`CublasError` naming the call and the status."""
+    cublas = _nv()
+    try:
+        return getattr(cublas, fname)(*args)
+    except cublas.cuBLASError as e:
+        status = int(e.status)
         raise CublasError(
-            f"cc2ops.cuda.libs.cublas: {fname} failed: {status_name(status)}", status
-        )
+            f"{_WHERE}: {fname} failed: {status_name(status)}", status
+        ) from e
 
 
 def _destroy_handles() -> None:
     for index, handle in list(_handles.items()):
         try:
             get_device(_label_of_physical(index)).activate()
-            _call("cublasDestroy_v2", handle)
+            _call("destroy", handle)
         except Exception:  # the context may already be unusable at exit
             pass
         _handles.pop(index, None)
@@ -242,8 +194,9 @@ def _label_of_physical(index: int) -> int:
     return index
 
 
-def get_handle(device: int) -> ctypes.c_void_p:
-    """The cuBLAS handle of ``device``'s physical device (bound to its stream)."""
+def get_handle(device: int) -> int:
+    """The cuBLAS handle (an int) of ``device``'s physical device, bound to its
+    stream, with its own workspace."""
     global _hook_registered
     dev = get_device(device)
     handle = _handles.get(dev.index)
@@ -253,15 +206,15 @@ def get_handle(device: int) -> ctypes.c_void_p:
         handle = _handles.get(dev.index)
         if handle is not None:
             return handle
+        library_path()  # a missing libcublas is named here, not deep in nvmath
+        e = _enums()
         dev.activate()
-        handle = ctypes.c_void_p()
-        _call("cublasCreate_v2", ctypes.byref(handle))
-        _call("cublasSetStream_v2", handle, ctypes.c_void_p(int(dev.stream.handle)))
-        _call("cublasSetMathMode", handle, _DEFAULT_MATH)
-        # after SetStream, which resets the workspace to cuBLAS's own pool
+        handle = int(_call("create"))
+        _call("set_stream", handle, int(dev.stream.handle))
+        _call("set_math_mode", handle, e.default_math)
+        # after set_stream, which resets the workspace to cuBLAS's own pool
         workspace = dev.alloc(WORKSPACE_BYTES)
-        _call("cublasSetWorkspace_v2", handle, ctypes.c_void_p(int(workspace)),
-              WORKSPACE_BYTES)  # fmt: skip
+        _call("set_workspace", handle, int(workspace), WORKSPACE_BYTES)
         _workspaces[dev.index] = workspace
         _handles[dev.index] = handle
         if not _hook_registered:
@@ -376,13 +329,64 @@ def _use_tf32(where: str, precision: str | None, dtype: np.dtype) -> bool:
     return tf32 and dtype == np.float32
 
 
-def _scalars(dtype: np.dtype, alpha: float, beta: float):
-    ctype = ctypes.c_float if dtype == np.float32 else ctypes.c_double
-    return ctype(alpha), ctype(beta)
+def _scalars(dtype: np.dtype, alpha: Any, beta: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``alpha`` and ``beta`` as host scalars of ``dtype`` (cuBLAS's default
+    host pointer mode: it reads them before the call returns, so a captured
+    graph keeps the values)."""
+    return np.array(alpha, dtype=dtype), np.array(beta, dtype=dtype)
 
 
-def _op(trans: bool) -> int:
-    return _OP_T if trans else _OP_N
+def _fold(op: str, transposed: bool) -> str:
+    """The cuBLAS op that applies ``op`` to an operand whose storage is
+    transposed (``True``: the operand is the transpose of a row-major array).
+
+    A transposed storage swaps ``"n"`` and ``"t"``; ``"c"`` of a transposed
+    storage would be a conjugate without a transpose, which cuBLAS has no op
+    for (the caller copies such an operand first).
+    """
+    if not transposed:
+        return op
+    if op == "c":
+        raise ValueError("cublas: a conjugate of a transposed view needs a copy")
+    return "t" if op == "n" else "n"
+
+
+def _column_major_gemm(
+    m: int,
+    n: int,
+    k: int,
+    op_a: str,
+    op_b: str,
+    a_transposed: bool,
+    b_transposed: bool,
+) -> tuple[str, str, int, int, int]:
+    """``(transa, transb, M, N, K)`` of the column-major product computing the
+    row-major ``C (m x n) = op_a(a) op_b(b)``.
+
+    Read column-major, the row-major ``C`` is ``C^T`` (n x m) and each operand's
+    storage is its transpose, so cuBLAS computes ``C^T = op(B)^T op(A)^T``: B is
+    passed first (as cuBLAS's A) with ``op_b``, A second with ``op_a``, and
+    ``M, N = n, m``. (``"c"`` stays ``"c"``: ``(A^H)^T = conj(A) = (A^T)^H``.)
+    Transposed storages are folded into the flags (:func:`_fold`); the leading
+    dimensions are the storages' row strides, unchanged.
+    """
+    return _fold(op_b, b_transposed), _fold(op_a, a_transposed), n, m, k
+
+
+def _column_major_gemv(
+    rows: int, cols: int, trans: bool, transposed: bool
+) -> tuple[str, int, int]:
+    """``(trans, M, N)`` of the column-major GEMV computing ``y = op(a) x`` for a
+    row-major ``a`` of shape (rows, cols), ``op`` transposing when ``trans``.
+
+    The row-major storage ``S`` of ``a`` is ``a`` (rows x cols) or, for a
+    transposed view, ``a^T`` (cols x rows); cuBLAS reads ``S`` as the
+    column-major ``S^T`` (``M x N`` = S's columns x S's rows). When ``op(a)``
+    is ``S`` (``trans == transposed``), ``S x = (S^T)^T x`` needs op ``"t"``;
+    when it is ``S^T``, op ``"n"``.
+    """
+    s_rows, s_cols = (cols, rows) if transposed else (rows, cols)
+    return ("n" if trans != transposed else "t"), s_cols, s_rows
 
 
 def _check_int32(where: str, **values: int) -> None:
@@ -473,18 +477,23 @@ def gemm(
     handle = get_handle(device)
     get_device(device).activate()
     al, be = _scalars(dtype, alpha, beta)
-    opa, opb = _op(trans_a != ta), _op(trans_b != tb)
+    # cuBLAS's first operand is b, its second a (see _column_major_gemm)
+    op1, op2, mm, nn, kk = _column_major_gemm(
+        m, n, k, "t" if trans_a else "n", "t" if trans_b else "n", ta, tb
+    )
+    opa, opb = _op_enum(op1), _op_enum(op2)
     if tf32:
+        dt = _data_type(dtype)
         _call(
-            "cublasGemmEx", handle, opb, opa, n, m, k, ctypes.byref(al),
-            ptr(b), _CUDA_R_32F, ldb, ptr(a), _CUDA_R_32F, lda, ctypes.byref(be),
-            ptr(c), _CUDA_R_32F, ldc, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT,
+            "gemm_ex", handle, opa, opb, mm, nn, kk, al.ctypes.data,
+            ptr(b), dt, ldb, ptr(a), dt, lda, be.ctypes.data,
+            ptr(c), dt, ldc, _compute_type(dtype, True), _enums().gemm_default,
         )  # fmt: skip
     else:
-        fname = "cublasSgemm_v2" if dtype == np.float32 else "cublasDgemm_v2"
+        fname = "sgemm" if dtype == np.float32 else "dgemm"
         _call(
-            fname, handle, opb, opa, n, m, k, ctypes.byref(al), ptr(b), ldb,
-            ptr(a), lda, ctypes.byref(be), ptr(c), ldc,
+            fname, handle, opa, opb, mm, nn, kk, al.ctypes.data, ptr(b), ldb,
+            ptr(a), lda, be.ctypes.data, ptr(c), ldc,
         )  # fmt: skip
     return c
 
@@ -598,28 +607,31 @@ def gemm_strided_batched(
     handle = get_handle(device)
     get_device(device).activate()
     al, be = _scalars(dtype, alpha, beta)
-    opa, opb = _op(trans_a != ta), _op(trans_b != tb)
+    # cuBLAS's first operand is b, its second a (see _column_major_gemm)
+    op1, op2, mm, nn, kk = _column_major_gemm(
+        m, n, k, "t" if trans_a else "n", "t" if trans_b else "n", ta, tb
+    )
+    opa, opb = _op_enum(op1), _op_enum(op2)
     if tf32:
+        dt = _data_type(dtype)
         _call(
-            "cublasGemmStridedBatchedEx", handle, opb, opa, n, m, k, ctypes.byref(al),
-            ptr(b), _CUDA_R_32F, ldb, sb, ptr(a), _CUDA_R_32F, lda, sa,
-            ctypes.byref(be), ptr(c), _CUDA_R_32F, ldc, sc, batch,
-            _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT,
+            "gemm_strided_batched_ex", handle, opa, opb, mm, nn, kk, al.ctypes.data,
+            ptr(b), dt, ldb, sb, ptr(a), dt, lda, sa,
+            be.ctypes.data, ptr(c), dt, ldc, sc, batch,
+            _compute_type(dtype, True), _enums().gemm_default,
         )  # fmt: skip
     else:
         fname = (
-            "cublasSgemmStridedBatched"
-            if dtype == np.float32
-            else "cublasDgemmStridedBatched"
+            "sgemm_strided_batched" if dtype == np.float32 else "dgemm_strided_batched"
         )
         _call(
-            fname, handle, opb, opa, n, m, k, ctypes.byref(al), ptr(b), ldb, sb,
-            ptr(a), lda, sa, ctypes.byref(be), ptr(c), ldc, sc, batch,
+            fname, handle, opa, opb, mm, nn, kk, al.ctypes.data, ptr(b), ldb, sb,
+            ptr(a), lda, sa, be.ctypes.data, ptr(c), ldc, sc, batch,
         )  # fmt: skip
     return c
 
 
-_COMPLEX_OPS = {"n": _OP_N, "t": _OP_T, "c": _OP_C}
+_COMPLEX_OPS = ("n", "t", "c")
 
 
 def gemm_strided_batched_complex(
@@ -675,37 +687,28 @@ def gemm_strided_batched_complex(
         return c
     itemsize = dtype.itemsize
     ldc, sc = _batched_output_layout(where, c, m, n, itemsize)
-    ops = []
     operands = []
+    transposed_views = []
     for x, op in ((a, op_a), (b, op_b)):
         x, transposed, ld, stride = _operand(x, device, itemsize, batched=True)
         if transposed and op == "c":
             # conj(x) without a transpose is no cuBLAS op: copy to row-major
             x = ascontiguous(x, device)
             x, transposed, ld, stride = _operand(x, device, itemsize, batched=True)
-        if transposed:
-            op = "t" if op == "n" else "n"
-        ops.append(_COMPLEX_OPS[op])
+        transposed_views.append(transposed)
         operands.append((x, ld, stride))
     (a, lda, sa), (b, ldb, sb) = operands
     _check_int32(where, m=m, n=n, k=k, lda=lda, ldb=ldb, ldc=ldc, batch=batch)
     handle = get_handle(device)
     get_device(device).activate()
-    scalar = ctypes.c_float * 2 if single else ctypes.c_double * 2
-    al = scalar(complex(alpha).real, complex(alpha).imag)
-    be = scalar(complex(beta).real, complex(beta).imag)
-    dt = _CUDA_C_32F if single else _CUDA_C_64F
-    if single:
-        compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
-    else:
-        compute = _COMPUTE_64F
-    # row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
-    # same flags, B first (op "c" maps to "c": (A^H)^T = conj(A) = (A^T)^H)
+    al, be = _scalars(dtype, complex(alpha), complex(beta))
+    fa, fb, mm, nn, kk = _column_major_gemm(m, n, k, op_a, op_b, *transposed_views)
+    dt = _data_type(dtype)
     _call(
-        "cublasGemmStridedBatchedEx", handle, ops[1], ops[0], n, m, k,
-        ctypes.byref(al), ptr(b), dt, ldb, sb, ptr(a), dt, lda, sa,
-        ctypes.byref(be), ptr(c), dt, ldc, sc, batch,
-        compute, _GEMM_DEFAULT,
+        "gemm_strided_batched_ex", handle, _op_enum(fa), _op_enum(fb), mm, nn, kk,
+        al.ctypes.data, ptr(b), dt, ldb, sb, ptr(a), dt, lda, sa,
+        be.ctypes.data, ptr(c), dt, ldc, sc, batch,
+        _compute_type(dtype, tf32), _enums().gemm_default,
     )  # fmt: skip
     return c
 
@@ -767,16 +770,13 @@ def gemv(
             f"gemv: y must have a positive element stride, got {y.strides}"
         )
     a, ta, lda, _ = _operand(a, device, itemsize, batched=False)
-    # the row-major storage M of a is (r, c) when not transposed, (c, r) when it is
-    mr, mc = (cdim, r) if ta else (r, cdim)
     handle = get_handle(device)
     get_device(device).activate()
     al, be = _scalars(dtype, alpha, beta)
-    # column-major, M reads as M^T: op(a) x = M x needs "T", M^T x needs "N"
-    flag = _OP_N if (trans != ta) else _OP_T
-    fname = "cublasSgemv_v2" if dtype == np.float32 else "cublasDgemv_v2"
+    flag, mm, nn = _column_major_gemv(r, cdim, trans, ta)
+    fname = "sgemv" if dtype == np.float32 else "dgemv"
     _call(
-        fname, handle, flag, mc, mr, ctypes.byref(al), ptr(a), lda, ptr(x),
-        max(1, inc(x)), ctypes.byref(be), ptr(y), max(1, inc(y)),
+        fname, handle, _op_enum(flag), mm, nn, al.ctypes.data, ptr(a), lda, ptr(x),
+        max(1, inc(x)), be.ctypes.data, ptr(y), max(1, inc(y)),
     )  # fmt: skip
     return y

@@ -6,7 +6,8 @@
 :mod:`~.compile` (kernel templates, nvcc, the cubin cache, launching),
 :mod:`~.precision` (the TF32 switch), :mod:`~.profile` (host and device time
 apart), :mod:`~.autotune` (timing candidates, the on-disk choices),
-:mod:`~.cudagraph` (stream capture and graph replay).
+:mod:`~.cudagraph` (stream capture and graph replay, through cuda-bindings),
+:mod:`~.libraries` (NVIDIA's bindings and libraries, located by one loader).
 
 Nothing here imports PyTensor or the GPU graph core (the import contracts in
 ``pyproject.toml`` check it), and nothing touches CUDA at import; importing

@@ -41,17 +41,22 @@ What a capture needs, and what it does about it
   its first ``warmup`` calls eagerly (each is a real call of the function)
   and captures on the next.
 
-The driver calls go through ctypes to ``libcuda`` (pycuda does not wrap
-graphs); the capture uses the relaxed mode, in which memory may be
-allocated while capturing.
+The driver calls go through NVIDIA's ``cuda-bindings`` (``cuda.bindings.driver``;
+pycuda does not wrap graphs), on pycuda's streams (``int(stream.handle)`` is a
+``CUstream``) in the context pycuda made current: both drive the same
+``libcuda``. The capture uses the relaxed mode, in which memory may be
+allocated while capturing. A failing call raises :class:`GraphCaptureError`
+with the driver's error name (``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED``, ...);
+without cuda-bindings, capturing raises it naming the package to install.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from cc2ops.cuda.runtime.libraries import binding
 
 __all__ = [
     "GraphCaptureError",
@@ -61,64 +66,70 @@ __all__ = [
     "hold",
 ]
 
-_CAPTURE_RELAXED = 2
-_lib: Any = None
-_lib_lock = threading.Lock()
-_p = ctypes.c_void_p
-
-_PROTOTYPES: dict[str, list[Any]] = {
-    "cuStreamBeginCapture_v2": [_p, ctypes.c_int],
-    "cuStreamEndCapture": [_p, ctypes.POINTER(_p)],
-    "cuStreamIsCapturing": [_p, ctypes.POINTER(ctypes.c_int)],
-    "cuGraphInstantiateWithFlags": [ctypes.POINTER(_p), _p, ctypes.c_ulonglong],
-    "cuGraphLaunch": [_p, _p],
-    "cuGraphExecDestroy": [_p],
-    "cuGraphDestroy": [_p],
-    "cuGraphGetNodes": [_p, _p, ctypes.POINTER(ctypes.c_size_t)],
-    "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
-}
+_WHERE = "cc2ops.cuda.runtime.cudagraph"
 
 
 class GraphCaptureError(RuntimeError):
     """Capturing or replaying a CUDA graph failed (the message says why)."""
 
 
-def _driver_lib() -> Any:
-    global _lib
-    if _lib is None:
-        with _lib_lock:
-            if _lib is None:
-                try:
-                    lib = ctypes.CDLL("libcuda.so.1")
-                except OSError as e:
-                    raise GraphCaptureError(
-                        "cc2ops.cuda.runtime.cudagraph: libcuda.so.1 could not be "
-                        f"loaded ({e})"
-                    ) from e
-                for name, argtypes in _PROTOTYPES.items():
-                    fn = getattr(lib, name)
-                    fn.argtypes = argtypes
-                    fn.restype = ctypes.c_int
-                _lib = lib
-    return _lib
+def _driver() -> Any:
+    """``cuda.bindings.driver`` (memoised), else :class:`GraphCaptureError`."""
+    return binding(
+        "cuda.bindings.driver", user=f"{_WHERE} (CUDA graphs)", error=GraphCaptureError
+    )
 
 
 def _error_name(status: int) -> str:
-    name = ctypes.c_char_p()
-    if _driver_lib().cuGetErrorName(status, ctypes.byref(name)) == 0 and name.value:
-        return name.value.decode()
-    return f"CUresult {status}"
+    """The driver's name of a ``CUresult`` (``CUDA_ERROR_INVALID_VALUE``)."""
+    drv = _driver()
+    try:
+        return str(drv.CUresult(int(status)).name)
+    except ValueError:  # a code newer than these bindings: ask the driver
+        pass
+    try:
+        err, name = drv.cuGetErrorName(int(status))
+        if int(err) == 0 and name:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # an unknown code is named by its number below
+        pass
+    return f"CUresult {int(status)}"
 
 
-def _call(fname: str, *args: Any) -> int:
-    return int(getattr(_driver_lib(), fname)(*args))
+def _status(fname: str, *args: Any) -> tuple[int, tuple]:
+    """``driver.<fname>(*args)`` as ``(status, outputs)``.
+
+    cuda-bindings returns ``(CUresult, output, ...)`` from every call (the
+    outputs are ``None`` when the call failed).
+    """
+    out = getattr(_driver(), fname)(*args)
+    if not isinstance(out, tuple):
+        out = (out,)
+    return int(out[0]), tuple(out[1:])
+
+
+def _call(fname: str, *args: Any) -> tuple:
+    """``driver.<fname>(*args)``'s outputs; a failure raises GraphCaptureError."""
+    status, outputs = _status(fname, *args)
+    _check(fname, status)
+    return outputs
 
 
 def _check(fname: str, status: int) -> None:
     if status != 0:
-        raise GraphCaptureError(
-            f"cc2ops.cuda.runtime.cudagraph: {fname} failed: {_error_name(status)}"
-        )
+        raise GraphCaptureError(f"{_WHERE}: {fname} failed: {_error_name(status)}")
+
+
+def _stream(dev: Any) -> Any:
+    """The driver's ``CUstream`` of a device's pycuda stream."""
+    return _driver().CUstream(int(dev.stream.handle))
+
+
+def _stream_is_capturing(dev: Any) -> bool:
+    """Whether the device's stream is capturing now (``cuStreamIsCapturing``)."""
+    drv = _driver()
+    state = _call("cuStreamIsCapturing", _stream(dev))[0]
+    return int(state) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
 
 # --------------------------------------------------------------------------
@@ -207,14 +218,14 @@ class CudaGraph:
 
         self.device = device
         self._dev = get_device(device)
-        self._graph = _p()
-        self._exec = _p()
+        self._graph: Any = None  # driver CUgraph
+        self._exec: Any = None  # driver CUgraphExec
         self._capture: _Capture | None = None
         self.nodes = 0
 
     @property
     def captured(self) -> bool:
-        return bool(self._exec.value)
+        return self._exec is not None
 
     def capture(self, fn: Callable[[], Any]) -> Any:
         """Record the work ``fn()`` queues on the device's stream; returns its result.
@@ -227,15 +238,17 @@ class CudaGraph:
         GraphCaptureError
             If ``fn`` did something a capture cannot record (a read-back or
             synchronisation, work on another stream's device, ...); the stream
-            is usable again and nothing is kept.
+            is usable again and nothing is kept. Also when cuda-bindings is
+            missing (the message names the package).
         """
         from cc2ops.cuda.runtime import device as devmod
 
         if self.captured:
             raise GraphCaptureError("CudaGraph.capture: this graph is already captured")
+        drv = _driver()  # a missing cuda-bindings fails before anything starts
         dev = self._dev
         dev.synchronize()
-        stream = _p(int(dev.stream.handle))
+        stream = _stream(dev)
         cap = _Capture(dev.index)
         with _active_lock:
             if dev.index in _active:
@@ -245,9 +258,21 @@ class CudaGraph:
                 )
             _active[dev.index] = cap
             devmod._capture_holds[dev.index] = cap.allocations
+
+        def forget() -> None:
+            with _active_lock:
+                _active.pop(dev.index, None)
+                devmod._capture_holds.pop(dev.index, None)
+
         dev.activate()
-        _check("cuStreamBeginCapture_v2", _call("cuStreamBeginCapture_v2", stream,
-                                                 _CAPTURE_RELAXED))  # fmt: skip
+        status, _ = _status(
+            "cuStreamBeginCapture",
+            stream,
+            drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+        if status != 0:
+            forget()
+            _check("cuStreamBeginCapture", status)
         result: Any = None
         failure: BaseException | None = None
         try:
@@ -255,14 +280,16 @@ class CudaGraph:
         except BaseException as e:  # ended below whatever happened
             failure = e
         finally:
-            graph = _p()
-            status = _call("cuStreamEndCapture", stream, ctypes.byref(graph))
-            with _active_lock:
-                _active.pop(dev.index, None)
-                devmod._capture_holds.pop(dev.index, None)
+            try:
+                status, outputs = _status("cuStreamEndCapture", stream)
+            finally:
+                forget()
+        graph = outputs[0] if outputs else None
+        if graph is not None and not int(graph):
+            graph = None  # an invalidated capture gives a NULL graph
         if failure is not None or status != 0:
-            if graph.value:
-                _call("cuGraphDestroy", graph)
+            if graph is not None:
+                _status("cuGraphDestroy", graph)
             cap.allocations.clear()
             why = _error_name(status) if status else "the capture ended"
             if failure is not None:
@@ -275,17 +302,17 @@ class CudaGraph:
                 f"CudaGraph.capture: cuStreamEndCapture failed: {why} (something "
                 "synchronised or used another stream while capturing)"
             )
-        count = ctypes.c_size_t(0)
-        _check("cuGraphGetNodes", _call("cuGraphGetNodes", graph, None,
-                                         ctypes.byref(count)))  # fmt: skip
-        exe = _p()
-        status = _call("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, 0)
-        if status != 0:
-            _call("cuGraphDestroy", graph)
+        try:
+            # numNodes=0 asks for the count only (no node handles)
+            count = _call("cuGraphGetNodes", graph)[1]
+            # cuda-bindings' cuGraphInstantiate is cuGraphInstantiateWithFlags
+            exe = _call("cuGraphInstantiate", graph, 0)[0]
+        except GraphCaptureError:
+            _status("cuGraphDestroy", graph)
             cap.allocations.clear()
-            _check("cuGraphInstantiateWithFlags", status)
+            raise
         self._graph, self._exec, self._capture = graph, exe, cap
-        self.nodes = int(count.value)
+        self.nodes = int(count)
         return result
 
     def replay(self) -> None:
@@ -295,8 +322,7 @@ class CudaGraph:
             raise GraphCaptureError("CudaGraph.replay: nothing has been captured")
         dev = self._dev
         dev.activate()
-        _check("cuGraphLaunch", _call("cuGraphLaunch", self._exec,
-                                       _p(int(dev.stream.handle))))  # fmt: skip
+        _call("cuGraphLaunch", self._exec, _stream(dev))
         assert self._capture is not None
         if self._capture.checks:
             dev.synchronize()
@@ -305,13 +331,13 @@ class CudaGraph:
 
     def close(self) -> None:
         """Free the graph and the allocations it holds (idempotent)."""
-        if self._exec.value:
+        if self._exec is not None:
             self._dev.synchronize()
-            _call("cuGraphExecDestroy", self._exec)
-            self._exec = _p()
-        if self._graph.value:
-            _call("cuGraphDestroy", self._graph)
-            self._graph = _p()
+            _status("cuGraphExecDestroy", self._exec)
+            self._exec = None
+        if self._graph is not None:
+            _status("cuGraphDestroy", self._graph)
+            self._graph = None
         if self._capture is not None:
             self._capture.allocations.clear()
             self._capture = None

@@ -3,7 +3,11 @@
 Row-major GEMM in every transpose combination, row strides and transposed
 views (used in place, not copied), batched GEMM, GEMV, alpha/beta, and the
 TF32 switch: off is true float32 (relative error < 1e-5), on is TF32 (< 5e-3,
-and > 1e-6 on a 4096-deep product, which proves TF32 was used).
+and > 1e-6 on a 4096-deep product, which proves TF32 was used). The calls go
+through nvmath-python's bindings: status codes become CublasError, the handle
+is bound to cc2ops's stream, and the products replay from a captured CUDA
+graph. (tests/cuda/libs/test_cublas_emulated.py runs the same adapter on the
+CPU against an emulated cuBLAS.)
 """
 
 from __future__ import annotations
@@ -234,22 +238,80 @@ def test_set_allow_tf32_validates():
 
 def test_status_codes_become_errors():
     handle = blas.get_handle(0)
-    assert blas.get_handle(0) is handle
+    assert isinstance(handle, int) and blas.get_handle(0) == handle
     x = g(np.ones((2, 2), "float32"))
-    ptr = garray.ptr(x)
-    import ctypes
-
-    one = ctypes.c_float(1.0)
+    p = garray.ptr(x)
+    one = np.ones((), np.float32)
+    n = blas._op_enum("n")
     with pytest.raises(
-        CublasError, match="cublasSgemm_v2 failed: CUBLAS_STATUS_INVALID_VALUE"
+        CublasError, match="cublas: sgemm failed: CUBLAS_STATUS_INVALID_VALUE"
     ) as info:
         blas._call(
-            "cublasSgemm_v2", handle, 0, 0, -1, 2, 2, ctypes.byref(one), ptr, 2, ptr, 2,
-            ctypes.byref(one), ptr, 2,
+            "sgemm", handle, n, n, -1, 2, 2, one.ctypes.data, p, 2, p, 2,
+            one.ctypes.data, p, 2,
         )  # fmt: skip
     assert info.value.status == 7
     assert blas.status_name(13) == "CUBLAS_STATUS_EXECUTION_FAILED"
     assert "libcublas" in blas.library_path()
+
+
+def test_nvmath_products_match_numpy_eagerly_and_replayed_from_a_graph():
+    """gemm (fp32 and TF32), strided-batched gemm and gemv through nvmath's
+    bindings, on cc2ops's handle (bound to cc2ops's stream, its own workspace):
+    eagerly, then captured into a CUDA graph and replayed with new operands."""
+    from nvmath.bindings import cublas as nv
+
+    from cc2ops.cuda.runtime.cudagraph import CudaGraph
+    from cc2ops.cuda.runtime.device import get_device
+
+    handle = blas.get_handle(0)
+    assert nv.get_version(handle) >= 120000
+    assert nv.get_stream(handle) == int(get_device(0).stream.handle)
+    m, k, n = 64, 96, 48
+
+    def data(seed):
+        r = rng(seed)
+        return {
+            "a": r.standard_normal((m, k)).astype(np.float32),
+            "b": r.standard_normal((k, n)).astype(np.float32),
+            "a3": r.standard_normal((4, m, k)).astype(np.float32),
+            "b3": r.standard_normal((4, k, n)).astype(np.float32),
+            "x": r.standard_normal(k).astype(np.float32),
+        }
+
+    host_in = data(20)
+    dev_in = {name: g(v) for name, v in host_in.items()}
+    c = garray.empty((m, n), np.float32, 0)
+    c_tf32 = garray.empty((m, n), np.float32, 0)
+    c3 = garray.empty((4, m, n), np.float32, 0)
+    y = garray.empty((m,), np.float32, 0)
+
+    def products():
+        d = dev_in
+        gemm(d["a"], d["b"], c, device=0, precision="fp32")
+        gemm(d["a"], d["b"], c_tf32, device=0, precision="tf32")
+        gemm_strided_batched(d["a3"], d["b3"], c3, device=0, precision="fp32")
+        gemv(d["a"], d["x"], y, device=0)
+
+    def check(h, label):
+        a64 = h["a"].astype(np.float64)
+        assert rel_err(host(c), a64 @ h["b"]) < 1e-5, label
+        assert 1e-7 < rel_err(host(c_tf32), a64 @ h["b"]) < 5e-3, label
+        assert rel_err(host(c3), h["a3"].astype(np.float64) @ h["b3"]) < 1e-5, label
+        assert rel_err(host(y), a64 @ h["x"]) < 1e-5, label
+
+    products()
+    check(host_in, "eager")
+    graph = CudaGraph(0)
+    graph.capture(products)
+    assert graph.nodes >= 4
+    for seed in (21, 22):
+        host_in = data(seed)
+        for name, v in host_in.items():
+            garray._copy_into_contiguous(g(v), dev_in[name], 0)
+        graph.replay()
+        check(host_in, f"replay {seed}")
+    graph.close()
 
 
 COMPLEX_OPS = ["n", "t", "c"]
