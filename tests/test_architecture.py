@@ -103,6 +103,13 @@ def test_gpu_dropout_state_goes_through_the_seam():
         ("cc2ops.cuda.blas_ops", "cc2ops.cuda.ops.tensor.blas"),
         ("cc2ops.cuda.graphs", "cc2ops.cuda.capture"),
         ("cc2ops.graph.lift", "cc2ops.cuda.rewriting.lift"),
+        # the family renames: one name per family at every layer
+        ("cc2ops.response_norm", "cc2ops.cross_map_norm"),
+        ("cc2ops.softmax_loss", "cc2ops.softmax_cross_entropy"),
+        ("cc2ops.cuda.ops.response_norm", "cc2ops.cuda.ops.cross_map_norm"),
+        ("cc2ops.cuda.ops.softmax_loss", "cc2ops.cuda.ops.softmax_cross_entropy"),
+        ("cc2ops.cuda.response_norm", "cc2ops.cuda.ops.cross_map_norm"),
+        ("cc2ops.cuda.softmax_loss", "cc2ops.cuda.ops.softmax_cross_entropy"),
     ],
 )
 def test_old_module_paths_warn_and_alias(old, new):
@@ -124,6 +131,46 @@ def test_old_module_paths_warn_and_alias(old, new):
     )
     assert proc.returncode == 0, proc.stderr
     assert f"warned: {old} moved to {new}" in proc.stdout
+
+
+def test_renamed_families_give_the_same_objects():
+    """Code written against the 0.1 family names gets the renamed objects."""
+    proc = _run(
+        "import warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import importlib\n"
+        "import cc2ops\n"
+        # (cc2ops.cross_map_norm the attribute is the builder, as for dropout)
+        "norm = importlib.import_module('cc2ops.cross_map_norm')\n"
+        "sce = importlib.import_module('cc2ops.softmax_cross_entropy')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', DeprecationWarning)\n"
+        "    from cc2ops.response_norm import CrossMapNorm, cross_map_norm_reference\n"
+        "    from cc2ops.softmax_loss import SoftmaxCrossEntropy, TopKError\n"
+        "assert len(caught) == 2, [str(w.message) for w in caught]\n"
+        "assert all(w.category is DeprecationWarning for w in caught)\n"
+        "assert CrossMapNorm is norm.CrossMapNorm is cc2ops.CrossMapNorm\n"
+        "assert cross_map_norm_reference is norm.cross_map_norm_reference\n"
+        "assert SoftmaxCrossEntropy is sce.SoftmaxCrossEntropy\n"
+        "assert TopKError is sce.TopKError is cc2ops.TopKError\n"
+        "import sys\n"
+        "assert not [m for m in sys.modules if m.startswith('cc2ops.cuda')]\n"
+        "import cc2ops.cuda.ops.cross_map_norm as gnorm\n"
+        "import cc2ops.cuda.ops.softmax_cross_entropy as gsce\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always', DeprecationWarning)\n"
+        "    from cc2ops.cuda.ops.response_norm import GpuCrossMapNorm\n"
+        "    from cc2ops.cuda.ops.softmax_loss import (\n"
+        "        GpuSoftmaxCrossEntropy,\n"
+        "        softmax_loss_kernel_name,\n"
+        "    )\n"
+        "assert len(caught) == 3, [str(w.message) for w in caught]\n"
+        "assert 'softmax_cross_entropy_kernel_name' in str(caught[2].message)\n"
+        "assert GpuCrossMapNorm is gnorm.GpuCrossMapNorm\n"
+        "assert GpuSoftmaxCrossEntropy is gsce.GpuSoftmaxCrossEntropy\n"
+        "assert softmax_loss_kernel_name is gsce.softmax_cross_entropy_kernel_name\n"
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_moved_names_warn():

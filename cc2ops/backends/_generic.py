@@ -29,6 +29,7 @@ import numpy as np
 from pytensor.graph.basic import Apply, Constant
 
 from cc2ops.conv import FilterActs, ImageActs, WeightActs
+from cc2ops.cross_map_norm import CrossMapNorm, CrossMapNormGrad
 from cc2ops.dropout import (
     PHILOX_M0,
     PHILOX_M1,
@@ -47,8 +48,11 @@ from cc2ops.pool import (
     MaxPoolGradGrad,
     _Plan,
 )
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad
-from cc2ops.softmax_loss import SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, TopKError
+from cc2ops.softmax_cross_entropy import (
+    SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyGrad,
+    TopKError,
+)
 
 _M16 = 0xFFFF
 _M32 = 0xFFFFFFFF

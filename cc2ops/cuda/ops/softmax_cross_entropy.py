@@ -1,13 +1,13 @@
 """Fused softmax cross-entropy, its gradient and the top-k error on the GPU.
 
 ``GpuSoftmaxCrossEntropy``, ``GpuSoftmaxCrossEntropyGrad`` and
-``GpuTopKError`` compute what the host ops of :mod:`cc2ops.softmax_loss`
+``GpuTopKError`` compute what the host ops of :mod:`cc2ops.softmax_cross_entropy`
 compute (same ``__props__``) on GPU arrays: logits (B, K) float32/float64,
 integer labels (B,) of any integer dtype or soft targets (B, K) of the
 logits' dtype. ``@register_lift`` rules move the host ops here in
 ``cc2ops.cuda.mode()``.
 
-Kernels (``kernels/softmax_loss.cu``): an online logsumexp over each row
+Kernels (``kernels/softmax_cross_entropy.cu``): an online logsumexp over each row
 (the logits are read once by the forward), warp shuffles and one
 shared-memory step to combine, any K (tested to 21841). They are
 specialised on dtype, target kind (label dtype or soft), block size and, for
@@ -66,7 +66,7 @@ from cc2ops.cuda.runtime.compile import (
 from cc2ops.cuda.runtime.device import get_device, register_shutdown_hook
 from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
     TopKError,
@@ -79,7 +79,7 @@ __all__ = [
     "softmax_cross_entropy_forward",
     "softmax_cross_entropy_grad",
     "top_k_error",
-    "softmax_loss_kernel_name",
+    "softmax_cross_entropy_kernel_name",
     "block_size",
     "forward_splits",
     "forward_vector_width",
@@ -116,8 +116,8 @@ MAX_SPLITS = 4096
 # --------------------------------------------------------------------------
 
 
-@register_namer("softmax_loss")
-def softmax_loss_kernel_name(
+@register_namer("softmax_cross_entropy")
+def softmax_cross_entropy_kernel_name(
     kind: str,
     dtype: str,
     soft: bool,
@@ -156,14 +156,14 @@ def _consts(
         block=int(block),
         vec=int(vec),
     )
-    c["name"] = softmax_loss_kernel_name(**c)
+    c["name"] = softmax_cross_entropy_kernel_name(**c)
     c["ltype"] = LABEL_CTYPES[c["label"]]
     del c["label"]
     return c
 
 
-@register_variants("softmax_loss")
-def _softmax_loss_variants() -> list[dict[str, Any]]:
+@register_variants("softmax_cross_entropy")
+def _softmax_cross_entropy_variants() -> list[dict[str, Any]]:
     return [
         _consts("xent_fwd", "float32", False, "int64", 1024, 4),
         _consts("xent_fwd", "float32", False, "int64", SPLIT_BLOCK, 4),
@@ -413,7 +413,7 @@ def _kernel(
     consts = _consts(kind, str(x.dtype), soft, label, block, vec)
     # 1024 threads per block fit the register file only with <= 64 registers
     options = ("-maxrregcount=64",) if block > 512 else ()
-    return get_kernel("softmax_loss", device, options=options, **consts)
+    return get_kernel("softmax_cross_entropy", device, options=options, **consts)
 
 
 def _run(
@@ -862,3 +862,20 @@ def lift_top_k_error(fgraph: Any, node: Apply, device: int) -> list[Variable]:
     """``TopKError(x, y) -> host_from_gpu(GpuTopKError(gpu(x), gpu(y)))``."""
     x, y = (to_gpu(v, device) for v in node.inputs)
     return [GpuTopKError(k=node.op.k)(x, y)]
+
+
+def __getattr__(name: str) -> Any:
+    # the family's 0.1 name (softmax_loss) is softmax_cross_entropy at every
+    # layer now; the old namer name works until the next release
+    if name == "softmax_loss_kernel_name":
+        import warnings
+
+        warnings.warn(
+            f"{__name__}.softmax_loss_kernel_name is now "
+            "softmax_cross_entropy_kernel_name; the old name works until the next "
+            "release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return softmax_cross_entropy_kernel_name
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,15 +1,15 @@
 """Cross-map response normalisation on the GPU: the GPU ops of
-:mod:`cc2ops.response_norm`.
+:mod:`cc2ops.cross_map_norm`.
 
 ``GpuCrossMapNorm`` and ``GpuCrossMapNormGrad`` compute what
-:class:`~cc2ops.response_norm.CrossMapNorm` and
-:class:`~cc2ops.response_norm.CrossMapNormGrad` compute (same ``__props__``:
+:class:`~cc2ops.cross_map_norm.CrossMapNorm` and
+:class:`~cc2ops.cross_map_norm.CrossMapNormGrad` compute (same ``__props__``:
 ``size``, ``alpha``, ``beta``, ``k``, ``blocked``; the formula is in
-:mod:`cc2ops.response_norm`) on bc01 GPU arrays (B, C, H, W) of float32 or
+:mod:`cc2ops.cross_map_norm`) on bc01 GPU arrays (B, C, H, W) of float32 or
 float64, any C; c01b graphs reach them through the builder's dimshuffles.
 ``@register_lift`` rules move the host ops here in ``cc2ops.cuda.mode()``.
 
-Kernels (``kernels/response_norm.cu``): one thread per (b, h, w) column walks
+Kernels (``kernels/cross_map_norm.cu``): one thread per (b, h, w) column walks
 the channels with the last ``size`` inputs in registers, so each input is
 read once and each output written once; they are specialised on size,
 blocked, channel count and dtype (``cross_map_norm_fwd_n5_c64_f32``). The
@@ -32,6 +32,7 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 
 from cc2ops._op import FLOAT_DTYPES
+from cc2ops.cross_map_norm import CrossMapNorm, CrossMapNormGrad, _check_params
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
@@ -43,7 +44,6 @@ from cc2ops.cuda.runtime.compile import (
 )
 from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad, _check_params
 
 __all__ = [
     "MAX_SIZE",
@@ -66,7 +66,7 @@ _DT = {"float32": "f32", "float64": "f64"}
 # --------------------------------------------------------------------------
 
 
-@register_namer("response_norm")
+@register_namer("cross_map_norm")
 def cross_map_norm_kernel_name(
     kind: str,
     size: int,
@@ -119,8 +119,8 @@ def _consts(
     return c
 
 
-@register_variants("response_norm")
-def _response_norm_variants() -> list[dict[str, Any]]:
+@register_variants("cross_map_norm")
+def _cross_map_norm_variants() -> list[dict[str, Any]]:
     out = []
     for kind in ("fwd", "grad"):
         out.append(_consts(kind, 5, 64, False, "float32", False))
@@ -173,7 +173,7 @@ def _launch(
     if kind == "grad":
         scalars.append(t(2.0 * alpha * beta / size))
     fn = get_kernel(
-        "response_norm", device, **_consts(kind, size, c, blocked, dtype, wide)
+        "cross_map_norm", device, **_consts(kind, size, c, blocked, dtype, wide)
     )
     dev = get_device(device)
     threads = columns * -(-c // channel_chunk(c, blocked))
