@@ -41,12 +41,14 @@ Cross-map response normalisation: channel ``c`` sums the squares of channels
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "pair",
+    "merge_static_shapes",
     "conv_output_length",
     "conv_output_shape",
     "check_conv_shapes",
@@ -114,6 +116,20 @@ def pair(
     if minimum is not None and min(out) < minimum:
         raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
     return out
+
+
+def merge_static_shapes(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
+    """Entry-wise the first known entry of several static shapes (that agree).
+
+    For ``make_node``: the static output shape of an op whose inputs must have
+    equal shapes, each known in part (``None`` where unknown). The shapes must
+    have one length; that they agree where known is checked by the caller.
+    """
+    out = []
+    for dims in zip(*shapes, strict=True):
+        known = [d for d in dims if d is not None]
+        out.append(known[0] if known else None)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------
