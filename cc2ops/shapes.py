@@ -67,6 +67,7 @@ __all__ = [
     "pool_window_bounds",
     "cross_map_window_bounds",
     "check_cross_map_params",
+    "cross_map_params",
     "conv_flops",
 ]
 
@@ -526,6 +527,27 @@ def check_cross_map_params(op: str, size: int, alpha, beta, k) -> None:
             raise ValueError(f"{op}: {name} must be finite, got {val!r}")
     if k <= 0:
         raise ValueError(f"{op}: k must be > 0 so the denominator is positive, got {k}")
+
+
+def cross_map_params(
+    op: str, size: Any, alpha: Any, beta: Any, k: Any, blocked: Any
+) -> tuple[int, float, float, float, bool]:
+    """Validated cross-map normalisation parameters as plain Python values.
+
+    :func:`check_cross_map_params` plus ``alpha >= 0`` (with ``k > 0`` the
+    denominator is then positive for every input) and a bool ``blocked``.
+    The host ops, the GPU ops, the references and the launchers read their
+    parameters through it.
+    """
+    check_cross_map_params(op, size, alpha, beta, k)
+    if alpha < 0:
+        raise ValueError(
+            f"{op}: alpha must be >= 0 (with k > 0 that keeps the denominator "
+            f"positive for every input), got {alpha}"
+        )
+    if not isinstance(blocked, (bool, np.bool_)):
+        raise TypeError(f"{op}: blocked must be a bool, got {blocked!r}")
+    return int(size), float(alpha), float(beta), float(k), bool(blocked)
 
 
 def cross_map_window_bounds(
