@@ -404,13 +404,8 @@ def _sum_terms(terms: Sequence[Variable]) -> Variable:
 
 
 class ConvFamily(NamedTuple):
-    """The convolution op classes of one backend, by role.
-
-    Each backend's ops name theirs in the class attribute ``family``
-    (:data:`HOST_FAMILY` here, the GPU ops' in
-    :mod:`cc2ops.cuda.ops.conv.ops`), so the skeletons' pullbacks and
-    pushforwards build ops of the backend they run on.
-    """
+    """The convolution op classes of one backend by role: a skeleton's ``family``
+    (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on the GPU)."""
 
     filter_acts: type
     image_acts: type

@@ -251,12 +251,9 @@ def _symbolic_forward(
 
 
 class CrossMapNormFamily(NamedTuple):
-    """The cross-map normalisation op classes of one backend, by role.
-
-    Each backend's ops name theirs in the class attribute ``family``
-    (:data:`HOST_FAMILY` here, the GPU ops' in
-    :mod:`cc2ops.cuda.ops.cross_map_norm`).
-    """
+    """The cross-map normalisation op classes of one backend by role: a skeleton's
+    ``family`` (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on
+    the GPU)."""
 
     norm: type
     norm_grad: type

@@ -518,12 +518,8 @@ def _static_hw(image_hw: TensorVariable) -> tuple[int | None, int | None]:
 
 
 class PoolFamily(NamedTuple):
-    """The pooling op classes of one backend, by role.
-
-    Each backend's ops name theirs in the class attribute ``family``
-    (:data:`HOST_FAMILY` here, the GPU ops' in :mod:`cc2ops.cuda.ops.pool`),
-    so the skeletons' pullbacks build ops of the backend they run on.
-    """
+    """The pooling op classes of one backend by role: a skeleton's ``family``
+    (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on the GPU)."""
 
     max_pool: type
     max_pool_grad: type
