@@ -56,6 +56,23 @@ inputs may be non-contiguous views (``array.ascontiguous`` when a kernel needs
 C order). Cotangents may arrive host-typed (PyTensor adds gradient terms with
 host ops), so pullbacks pass them through
 :func:`cc2ops.cuda.transfer.as_gpu_cotangent`.
+
+The GPU twin of a cc2ops host op writes none of this gradient code: it
+inherits the host op's skeleton from the frontend module
+(``cc2ops.pool.MaxPoolSkeleton``, ...: shape rule, connection pattern,
+pullback, pushforward) and :class:`cc2ops.cuda.transfer.GpuGradients` (the
+skeletons' hooks for GPU tensors), names its backend's ops in ``family``,
+and adds only its props, ``make_node`` and ``perform`` (see
+:mod:`cc2ops._op`)::
+
+    class _GpuPool(GpuGradients, GpuOp):
+        __props__ = ("size", "stride", "start")
+
+    class GpuMaxPool(MaxPoolSkeleton, _GpuPool):
+        def make_node(self, x): ...
+        def perform(self, node, inputs, output_storage): ...
+
+    _GpuPool.family = PoolFamily(GpuMaxPool, GpuMaxPoolGrad, ...)
 """
 
 from __future__ import annotations
