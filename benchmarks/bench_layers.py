@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> Path:
     import torch
     import torch.nn.functional as F
 
+    from cc2ops.cuda.ops import cross_map_norm as grn
     from cc2ops.cuda.ops import pool as gpool
-    from cc2ops.cuda.ops import response_norm as grn
-    from cc2ops.cuda.ops import softmax_loss as gsl
+    from cc2ops.cuda.ops import softmax_cross_entropy as gsl
     from cc2ops.cuda.runtime import array
     from cc2ops.cuda.runtime.device import get_device
 

@@ -58,9 +58,9 @@ def _sweep(k: int, rng, report, timing: dict, sms: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from cc2ops.cuda.ops import softmax_loss as gsl
+    from cc2ops.cuda.ops import softmax_cross_entropy as gsl
     from cc2ops.cuda.runtime import array
-    from cc2ops.softmax_loss import softmax_cross_entropy_reference
+    from cc2ops.softmax_cross_entropy import softmax_cross_entropy_reference
 
     b = 128
     x = rng.standard_normal((b, k)).astype(np.float32) * 3

@@ -12,9 +12,13 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 ("CC2OPS"): ``fast_run`` rewrites with the ``cvm`` linker.
 """
 
-from cc2ops import graph  # noqa: F401  (registers the rewrites)
+from cc2ops import (
+    _aliases,
+    graph,  # noqa: F401  (registers the rewrites)
+)
 from cc2ops.backends import install_hooks as _install_backend_hooks
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
+from cc2ops.cross_map_norm import CrossMapNorm, CrossMapNormGrad, cross_map_norm
 from cc2ops.dropout import dropout, dropout_state
 from cc2ops.mode import mode
 from cc2ops.pool import (
@@ -26,8 +30,7 @@ from cc2ops.pool import (
     avg_pool2d,
     max_pool2d,
 )
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad, cross_map_norm
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
     TopKError,
@@ -38,6 +41,16 @@ from cc2ops.softmax_loss import (
 __version__ = "0.1.0"
 
 _install_backend_hooks()
+
+#: 0.1 paths of frontend modules that were renamed (one name per op family at
+#: every layer); they import with a DeprecationWarning until the next release.
+MOVED = {
+    "cc2ops.response_norm": "cc2ops.cross_map_norm",
+    "cc2ops.softmax_loss": "cc2ops.softmax_cross_entropy",
+}
+
+_aliases.install(MOVED)
+__getattr__ = _aliases.package_getattr(__name__)
 
 __all__ = [
     "conv2d",

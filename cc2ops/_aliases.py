@@ -8,8 +8,12 @@ reaching an old path gives the module at its new path, under its own name, and
 warns once, naming both:
 
 - ``import cc2ops.cuda.device`` and ``from cc2ops.cuda.device import X`` go
-  through a finder appended to ``sys.meta_path`` (it only answers for the
-  declared old names, and only after the regular finders found no file);
+  through a finder put first on ``sys.meta_path``. It only answers for the
+  declared old names, and it answers before the regular finders: a declared
+  move is authoritative, so a stale copy of the old module that another
+  finder could still reach (a leftover file, or an editable install's finder
+  that maps ``cc2ops`` to another checkout and serves the submodules missing
+  here from there) never shadows the new module;
 - ``from cc2ops.cuda import device`` and ``cc2ops.cuda.device`` go through the
   package's module ``__getattr__`` (see :func:`package_getattr`).
 
@@ -87,7 +91,7 @@ def install(table: dict[str, str]) -> None:
     with _lock:
         _ALIASES.update(table)
         if not _finder_installed:
-            sys.meta_path.append(_AliasFinder())
+            sys.meta_path.insert(0, _AliasFinder())
             _finder_installed = True
 
 

@@ -5,6 +5,24 @@ call ``infer_shape(node, input_shapes)`` (and wrap four-argument overrides with
 a deprecation warning). :class:`Cc2Op` accepts both and forwards to
 ``_infer_shape(node, input_shapes)``, which subclasses implement. Gradients use
 ``pullback``/``pushforward``, which both versions call.
+
+One skeleton per family
+-----------------------
+A host op and its GPU twin share everything but their props, ``make_node``
+and ``perform``: each family module (:mod:`cc2ops.pool`, :mod:`cc2ops.conv`,
+...) writes the shape rule, connection pattern, pullback and pushforward of
+each op once, in a public skeleton class (``MaxPoolSkeleton``,
+``FilterActsSkeleton``, ...) that both ops inherit. The skeletons build their
+gradient terms through two things each op provides:
+
+- ``family``, a class attribute naming the op classes of its own backend by
+  role (``self.family.max_pool_grad``), so a host op's pullback builds host
+  ops and a GPU op's builds GPU ops: each family stays closed under
+  differentiation on each backend;
+- the gradient hooks of :class:`Cc2Op` (``_cotangent``, ``_zeros_like``,
+  ``_hw_of``, ``_host``, ``_on_device``), here for host tensors; the GPU
+  backend overrides them for GPU tensors
+  (:class:`cc2ops.cuda.transfer.GpuGradients`).
 """
 
 from __future__ import annotations
@@ -14,6 +32,7 @@ from typing import Any
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
+from pytensor.graph.basic import Variable
 from pytensor.graph.op import Op
 from pytensor.tensor.variable import TensorVariable
 
@@ -32,6 +51,36 @@ class Cc2Op(Op):
     def _infer_shape(self, node, input_shapes):
         raise NotImplementedError(f"{type(self).__name__} does not infer its shape")
 
+    # -- gradient hooks (the module docstring): the host versions ----------
+
+    def _cotangent(self, g: Variable, like: Variable) -> Variable:
+        """Cotangent or tangent ``g`` in ``like``'s dtype, where ``like`` is.
+
+        Disconnected and undefined ones (no dtype) pass unchanged.
+        """
+        if not hasattr(g.type, "dtype") or g.type.dtype == like.type.dtype:
+            return g
+        return pt.cast(g, like.type.dtype)
+
+    def _zeros_like(self, v: Variable) -> Variable:
+        """Zeros of ``v``'s type, where ``v`` is (a gradient that is zero)."""
+        return pt.zeros_like(v)
+
+    def _hw_of(self, x: Variable) -> Variable:
+        """(H, W) of a 4-d ``x`` as an int vector (a constant where static)."""
+        h, w = x.type.shape[2:]
+        if h is not None and w is not None:
+            return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
+        return x.shape[2:]
+
+    def _host(self, v: Variable) -> Variable:
+        """``v`` as a host tensor, for gradients written with PyTensor's ops."""
+        return v
+
+    def _on_device(self, v: Variable, like: Variable) -> Variable:
+        """A term built by ``_host`` graphs, moved to where ``like`` lives."""
+        return v
+
 
 def float_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVariable:
     """``x`` as a float32/float64 tensor of ``ndim`` dims, else ``TypeError``.
@@ -43,7 +92,7 @@ def float_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVari
     axes : str
         The expected axis order, e.g. ``"(B, C, H, W)"``.
     """
-    x = _as_tensor(op, role, x)
+    x = as_tensor(op, role, x)
     if x.type.ndim != ndim:
         raise TypeError(
             f"{op}: {role} must have {_dims(ndim)} {axes}, got {x.type.ndim}"
@@ -55,7 +104,7 @@ def float_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVari
 
 def int_tensor(op: str, role: str, x: Any, ndim: int, axes: str) -> TensorVariable:
     """``x`` as an integer tensor of ``ndim`` dims, else ``TypeError``."""
-    x = _as_tensor(op, role, x)
+    x = as_tensor(op, role, x)
     if x.type.ndim != ndim:
         raise TypeError(
             f"{op}: {role} must have {_dims(ndim)} {axes}, got {x.type.ndim}"
@@ -77,11 +126,11 @@ def same_dtype(op: str, **named: TensorVariable) -> str:
 def upcast_floats(op: str, **named: Any) -> list[TensorVariable]:
     """Builder helper: ``named`` as tensors, floats cast to their common float dtype.
 
-    Each value is converted with :func:`_as_tensor` (a ``TypeError`` naming
+    Each value is converted with :func:`as_tensor` (a ``TypeError`` naming
     ``op`` and the keyword as the role for anything that is not a tensor).
     Non-float inputs pass through unchanged so that ``make_node`` reports them.
     """
-    xs = [_as_tensor(op, role, x) for role, x in named.items()]
+    xs = [as_tensor(op, role, x) for role, x in named.items()]
     floats = [x.type.dtype for x in xs if x.type.dtype in FLOAT_DTYPES]
     if not floats:
         return xs
@@ -125,7 +174,7 @@ def _has_bool_among_numbers(x: Any) -> bool:
     return any(bools) and not all(bools)
 
 
-def _as_tensor(op: str, role: str, x: Any) -> TensorVariable:
+def as_tensor(op: str, role: str, x: Any) -> TensorVariable:
     """``x`` as a tensor variable, else ``TypeError`` naming ``op``, ``role``, ``x``.
 
     Accepts what :func:`pytensor.tensor.as_tensor_variable` accepts (tensor
@@ -143,6 +192,11 @@ def _as_tensor(op: str, role: str, x: Any) -> TensorVariable:
         return pt.as_tensor_variable(x)
     except (TypeError, ValueError, NotImplementedError) as e:
         raise TypeError(f"{rule}, got {_show(x)} ({e})") from e
+
+
+#: The 0.1 name of :func:`as_tensor` (``cc2ops.comm`` still imports it; it
+#: moves to ``cc2ops.distributed`` with its imports updated).
+_as_tensor = as_tensor
 
 
 def is_disconnected(v: Any) -> bool:

@@ -24,14 +24,13 @@ truth. They are vectorised: im2col strided views and batched matrix products.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor.tensor as pt
 from numpy.lib.stride_tricks import sliding_window_view
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.exceptions import NotScalarConstantError
@@ -39,7 +38,14 @@ from pytensor.tensor.shape import Shape
 from pytensor.tensor.subtensor import Subtensor, get_idx_list
 from pytensor.tensor.variable import TensorConstant, TensorVariable
 
-from cc2ops._op import Cc2Op, float_tensor, int_tensor, same_dtype, upcast_floats
+from cc2ops._op import (
+    Cc2Op,
+    float_tensor,
+    int_tensor,
+    is_disconnected,
+    same_dtype,
+    upcast_floats,
+)
 from cc2ops.layout import (
     axes_doc,
     check_layout,
@@ -48,10 +54,17 @@ from cc2ops.layout import (
     images_to_bc01,
 )
 from cc2ops.shapes import (
+    check_conv_batch,
+    check_conv_filter_count,
+    check_conv_gradient_hw,
     check_conv_shapes,
+    check_hw_values,
     conv_output_length,
-    conv_output_shape,
+    conv_params,
+    hw_value,
+    image_acts_shape,
     pair,
+    weight_acts_shape,
 )
 
 __all__ = [
@@ -62,6 +75,13 @@ __all__ = [
     "conv_forward_reference",
     "conv_backward_data_reference",
     "conv_backward_filter_reference",
+    # the skeletons the host ops share with their GPU twins
+    "ConvFamily",
+    "HOST_FAMILY",
+    "ConvSkeleton",
+    "FilterActsSkeleton",
+    "ImageActsSkeleton",
+    "WeightActsSkeleton",
 ]
 
 IMAGE_AXES = "(B, C, H, W)"
@@ -73,132 +93,6 @@ GRADIENT_AXES = "(B, F, Ho, Wo)"
 #: batches are processed in chunks of images so that memory stays bounded
 #: (2**24 float32 elements are 64 MiB) while each chunk is still one BLAS call.
 COLS_BUDGET = 1 << 24
-
-_SIDES = ("rows", "cols")
-_SIDE = ("row", "col")
-
-
-# --------------------------------------------------------------------------
-# parameter and shape checks shared by the ops and the references
-# --------------------------------------------------------------------------
-
-
-def _groups(value: Any, op: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{op}: groups must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{op}: groups must be >= 1, got {value}")
-    return int(value)
-
-
-def _params(op: str, stride: Any, padding: Any, groups: Any):
-    return (
-        pair(stride, "stride", op, minimum=1),
-        pair(padding, "padding", op, minimum=0),
-        _groups(groups, op),
-    )
-
-
-def _axis_output(op: str, axis: int, n: int, k: int, s: int, p: int) -> int:
-    """``conv_output_shape`` along one axis, so its message names that axis."""
-    hw, khw, st, pd = [1, 1], [1, 1], [1, 1], [0, 0]
-    hw[axis], khw[axis], st[axis], pd[axis] = n, k, s, p
-    return conv_output_shape(tuple(hw), tuple(khw), tuple(st), tuple(pd), op)[axis]
-
-
-def _check_hw_values(op: str, role: str, hw: Sequence[int | None]) -> None:
-    known = [v for v in hw if v is not None]
-    if known and min(known) < 1:
-        raise ValueError(f"{op}: {role} must be >= 1, got {tuple(hw)}")
-
-
-def _check_gradient_hw(
-    op: str,
-    grad_hw: Sequence[int | None],
-    image_hw: Sequence[int | None],
-    filter_hw: Sequence[int | None],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-) -> None:
-    """The gradient's (Ho, Wo) must be the forward output shape; ``None`` skips."""
-    for axis in range(2):
-        n, k, got = image_hw[axis], filter_hw[axis], grad_hw[axis]
-        if n is None or k is None:
-            continue
-        s, p = stride[axis], padding[axis]
-        want = _axis_output(op, axis, n, k, s, p)
-        if got is not None and got != want:
-            side = _SIDES[axis]
-            raise ValueError(
-                f"{op}: gradient {side} ({got}) do not match the output {side} "
-                f"({want}) of a {k}-{_SIDE[axis]} filter over {n} {side} with "
-                f"stride {s}, padding {p}"
-            )
-
-
-def _check_filter_count(op: str, grad_f: int | None, filters_f: int | None) -> None:
-    if grad_f is not None and filters_f is not None and grad_f != filters_f:
-        raise ValueError(
-            f"{op}: gradient has {grad_f} channels but there are {filters_f} filters"
-        )
-
-
-def _check_batch(op: str, images_b: int | None, grad_b: int | None) -> None:
-    if images_b is not None and grad_b is not None and images_b != grad_b:
-        raise ValueError(
-            f"{op}: gradient batch ({grad_b}) does not match the image batch "
-            f"({images_b})"
-        )
-
-
-def _image_acts_shape(
-    op: str,
-    dy_shape: Sequence[int | None],
-    w_shape: Sequence[int | None],
-    hw: tuple[int | None, int | None],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    groups: int,
-) -> tuple[int | None, ...]:
-    """Validated static (B, C, H, W) of ``ImageActs(dy, w, hw)`` (host and GPU)."""
-    _check_hw_values(op, "image_hw", hw)
-    b, f, ho, wo = dy_shape
-    _check_filter_count(op, f, w_shape[0])
-    check_conv_shapes(op, (b, None, *hw), w_shape, stride, padding, groups)
-    _check_gradient_hw(op, (ho, wo), hw, w_shape[2:], stride, padding)
-    cg = w_shape[1]
-    return (b, None if cg is None else cg * groups, *hw)
-
-
-def _weight_acts_shape(
-    op: str,
-    x_shape: Sequence[int | None],
-    dy_shape: Sequence[int | None],
-    khw: tuple[int | None, int | None],
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    groups: int,
-) -> tuple[int | None, ...]:
-    """Validated static (F, C/groups, kh, kw) of ``WeightActs(x, dy, khw)``."""
-    _check_hw_values(op, "filter_hw", khw)
-    b, c, h, wd = x_shape
-    _check_batch(op, b, dy_shape[0])
-    f = dy_shape[1]
-    check_conv_shapes(op, x_shape, (f, None, *khw), stride, padding, groups)
-    _check_gradient_hw(op, dy_shape[2:], (h, wd), khw, stride, padding)
-    return (f, None if c is None else c // groups, *khw)
-
-
-def _hw_pair(op: str, role: str, value: Any) -> tuple[int, int]:
-    """A run-time (H, W) / (kh, kw) value as a validated pair of ints."""
-    arr = np.asarray(value)
-    if arr.ndim != 1 or arr.shape[0] != 2:
-        raise ValueError(f"{op}: {role} must have 2 entries, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{op}: {role} must have an integer dtype, got {arr.dtype}")
-    out = (int(arr[0]), int(arr[1]))
-    _check_hw_values(op, role, out)
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -276,7 +170,7 @@ def conv_forward_reference(
     """
     op = "conv_forward_reference"
     x, w = np.asarray(x), np.asarray(w)
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError(f"{op}: x and w must have 4 dims, got {x.ndim} and {w.ndim}")
     b, f, ho, wo = check_conv_shapes(op, x.shape, w.shape, stride, padding, groups)
@@ -338,15 +232,15 @@ def conv_backward_data_reference(
     """
     op = "conv_backward_data_reference"
     dy, w = np.asarray(dy), np.asarray(w)
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     image_hw = pair(image_hw, "image_hw", op, minimum=1)
     if dy.ndim != 4 or w.ndim != 4:
         raise ValueError(f"{op}: dy and w must have 4 dims, got {dy.ndim} and {w.ndim}")
     b, f, ho, wo = dy.shape
     _, cg, kh, kw = w.shape
-    _check_filter_count(op, f, w.shape[0])
+    check_conv_filter_count(op, f, w.shape[0])
     check_conv_shapes(op, (b, None, *image_hw), w.shape, stride, padding, groups)
-    _check_gradient_hw(op, (ho, wo), image_hw, (kh, kw), stride, padding)
+    check_conv_gradient_hw(op, (ho, wo), image_hw, (kh, kw), stride, padding)
     dtype = np.result_type(dy, w)
     (h, wd), (ph, pw), (sh, sw) = image_hw, padding, stride
     fg = f // groups
@@ -406,15 +300,15 @@ def conv_backward_filter_reference(
     """
     op = "conv_backward_filter_reference"
     x, dy = np.asarray(x), np.asarray(dy)
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     filter_hw = pair(filter_hw, "filter_hw", op, minimum=1)
     if x.ndim != 4 or dy.ndim != 4:
         raise ValueError(f"{op}: x and dy must have 4 dims, got {x.ndim} and {dy.ndim}")
     b, c, h, wd = x.shape
     _, f, ho, wo = dy.shape
-    _check_batch(op, b, dy.shape[0])
+    check_conv_batch(op, b, dy.shape[0])
     check_conv_shapes(op, x.shape, (f, None, *filter_hw), stride, padding, groups)
-    _check_gradient_hw(op, (ho, wo), (h, wd), filter_hw, stride, padding)
+    check_conv_gradient_hw(op, (ho, wo), (h, wd), filter_hw, stride, padding)
     dtype = np.result_type(x, dy)
     kh, kw = filter_hw
     cg, fg = c // groups, f // groups
@@ -431,7 +325,7 @@ def conv_backward_filter_reference(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: one skeleton per op, shared with the GPU ops
 # --------------------------------------------------------------------------
 
 
@@ -495,13 +389,9 @@ def _hw_vector(op: str, role: str, v: Any, axes: str) -> TensorVariable:
     if length is not None and length != 2:
         raise ValueError(f"{op}: {role} must have 2 entries {axes}, got {length}")
     if isinstance(v, TensorConstant):
-        _check_hw_values(op, role, tuple(int(e) for e in np.asarray(v.data)))
+        check_hw_values(op, role, tuple(int(e) for e in np.asarray(v.data)))
         return pt.constant(np.asarray(v.data, dtype="int64"))
     return v if v.type.dtype == "int64" else pt.cast(v, "int64")
-
-
-def _connected(t: Variable) -> bool:
-    return not isinstance(t.type, DisconnectedType)
 
 
 def _sum_terms(terms: Sequence[Variable]) -> Variable:
@@ -513,17 +403,30 @@ def _sum_terms(terms: Sequence[Variable]) -> Variable:
     return out
 
 
-def _like(cotangent: Variable, ref: Variable) -> Variable:
-    # cotangents may arrive in another float dtype; the ops want one dtype
-    if cotangent.type.dtype != ref.type.dtype:
-        return pt.cast(cotangent, ref.type.dtype)
-    return cotangent
+class ConvFamily(NamedTuple):
+    """The convolution op classes of one backend by role: a skeleton's ``family``
+    (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on the GPU)."""
+
+    filter_acts: type
+    image_acts: type
+    weight_acts: type
 
 
-class _ConvOp(Cc2Op):
-    """Shared parameters of the three convolution ops."""
+class ConvSkeleton:
+    """Parameters of the three convolution ops, host and GPU alike.
 
-    __props__ = ("stride", "padding", "groups")
+    The base of the per-op skeletons below, for op classes whose
+    ``__props__`` start with ``("stride", "padding", "groups")``.
+    ``family`` is the op classes of the op's backend (:class:`ConvFamily`);
+    ``accumulate`` is true for a GPU gradient op that adds into a fourth
+    input ``acc`` (the host ops never do).
+    """
+
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    groups: int
+    family: ClassVar[ConvFamily]
+    accumulate: bool = False
 
     def __init__(
         self,
@@ -532,14 +435,188 @@ class _ConvOp(Cc2Op):
         padding: int | tuple[int, int] = 0,
         groups: int = 1,
     ):
-        name = type(self).__name__
-        self.stride, self.padding, self.groups = _params(name, stride, padding, groups)
+        self.stride, self.padding, self.groups = conv_params(
+            stride, padding, groups, type(self).__name__
+        )
 
-    def _family(self) -> dict[str, Any]:
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    def _params(self) -> dict[str, Any]:
+        """The parameters a family op is built with (no ``accumulate``)."""
         return dict(stride=self.stride, padding=self.padding, groups=self.groups)
 
 
-class FilterActs(_ConvOp):
+class FilterActsSkeleton(ConvSkeleton):
+    """:class:`FilterActs` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(x, w) -> y``: the static-shape rule (:meth:`_out_shape`), the shape
+    rule, pullback (``family.image_acts`` and ``family.weight_acts``) and
+    pushforward (the op itself, once per connected tangent).
+    """
+
+    def _out_shape(self, x: Variable, w: Variable) -> tuple:
+        shape_x, shape_w = x.type.shape, w.type.shape
+        return check_conv_shapes(
+            self._name, shape_x, shape_w, self.stride, self.padding, self.groups
+        )
+
+    def _infer_shape(self, node, input_shapes):
+        (b, _, h, wd), (f, _, kh, kw) = input_shapes[:2]
+        return [
+            (
+                b,
+                f,
+                conv_output_length(h, kh, self.stride[0], self.padding[0]),
+                conv_output_length(wd, kw, self.stride[1], self.padding[1]),
+            )
+        ]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, w = inputs
+        gy = self._cotangent(cotangents[0], outputs[0])
+        gx = self.family.image_acts(**self._params())(gy, w, self._hw_of(x))
+        gw = self.family.weight_acts(**self._params())(x, gy, self._hw_of(w))
+        return [gx, gw]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, w = inputs
+        tx, tw = tangents
+        terms = []
+        if not is_disconnected(tx):
+            terms.append(self(self._cotangent(tx, x), w))
+        if not is_disconnected(tw):
+            terms.append(self(x, self._cotangent(tw, w)))
+        return [_sum_terms(terms)]
+
+
+class _ConvGradSkeleton(ConvSkeleton):
+    """What the two gradient skeletons share: ``(a, b, hw[, acc])``, linear in
+    ``a`` and ``b``, with an int vector input ``hw`` (the image or filter
+    size) that is disconnected, and the optional accumulator ``acc``.
+
+    A subclass names ``hw`` (``_hw_role``, ``_hw_axes``), its static-shape
+    rule in :mod:`cc2ops.shapes` (``_shape_rule``), its symbolic shape
+    (``_plain_shape``) and the pullbacks wrt ``a`` and ``b``
+    (``_data_grads``).
+    """
+
+    _hw_role: str
+    _hw_axes: str
+
+    def _out_shape(self, a: Variable, b: Variable, hw: Any) -> tuple:
+        """``(hw as an int64 vector, the result's static shape)``, validated."""
+        op = self._name
+        hw = _hw_vector(op, self._hw_role, hw, self._hw_axes)
+        shape = self._shape_rule(
+            op,
+            a.type.shape,
+            b.type.shape,
+            _static_pair(hw),
+            self.stride,
+            self.padding,
+            self.groups,
+        )
+        return hw, shape
+
+    def _infer_shape(self, node, input_shapes):
+        if self.accumulate:
+            return [input_shapes[3]]
+        return [self._plain_shape(input_shapes, node.inputs[2])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        a, b = inputs[:2]
+        g = self._cotangent(cotangents[0], outputs[0])
+        grads = [*self._data_grads(a, b, g), disconnected_type()]
+        if self.accumulate:
+            grads.append(g)
+        return grads
+
+    def connection_pattern(self, node):
+        pattern = [[True], [True], [False]]
+        if self.accumulate:
+            pattern.append([True])
+        return pattern
+
+    def _nargs(self, args: tuple) -> None:
+        want = 4 if self.accumulate else 3
+        if len(args) != want:
+            extra = " (the accumulator acc last)" if self.accumulate else ""
+            raise TypeError(
+                f"{self._name}: takes {want} inputs{extra} with accumulate="
+                f"{self.accumulate}, got {len(args)}"
+            )
+
+    def pushforward(self, inputs, outputs, tangents):
+        # linear in both data inputs (and in acc): the op without accumulation
+        # applied once per connected tangent, plus acc's tangent
+        a, b, hw = inputs[:3]
+        ta, tb = tangents[:2]
+        plain = type(self)(**self._params())
+        terms = []
+        if not is_disconnected(ta):
+            terms.append(plain(self._cotangent(ta, a), b, hw))
+        if not is_disconnected(tb):
+            terms.append(plain(a, self._cotangent(tb, b), hw))
+        if self.accumulate and not is_disconnected(tangents[3]):
+            terms.append(self._cotangent(tangents[3], a))
+        return [_sum_terms(terms)]
+
+
+class ImageActsSkeleton(_ConvGradSkeleton):
+    """:class:`ImageActs` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(dy, w, image_hw[, acc]) -> dx``: the ``image_hw`` input and
+    static-shape rule (:meth:`_out_shape`), the shape rule, connection
+    pattern, pullback (``family.filter_acts`` and ``family.weight_acts``) and
+    pushforward.
+    """
+
+    _hw_role, _hw_axes = "image_hw", "(H, W)"
+    _shape_rule = staticmethod(image_acts_shape)
+
+    def _plain_shape(self, input_shapes, hw):
+        (b, _, _, _), (_, cg, _, _) = input_shapes[:2]
+        return (b, cg * self.groups, hw[0], hw[1])
+
+    def _data_grads(self, dy, w, gdx):
+        return [
+            self.family.filter_acts(**self._params())(gdx, w),
+            self.family.weight_acts(**self._params())(gdx, dy, self._hw_of(w)),
+        ]
+
+
+class WeightActsSkeleton(_ConvGradSkeleton):
+    """:class:`WeightActs` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(x, dy, filter_hw[, acc]) -> dw``: the ``filter_hw`` input and
+    static-shape rule (:meth:`_out_shape`), the shape rule, connection
+    pattern, pullback (``family.image_acts`` and ``family.filter_acts``) and
+    pushforward.
+    """
+
+    _hw_role, _hw_axes = "filter_hw", "(kh, kw)"
+    _shape_rule = staticmethod(weight_acts_shape)
+
+    def _plain_shape(self, input_shapes, khw):
+        (_, c, _, _), (_, f, _, _) = input_shapes[:2]
+        return (f, c // self.groups, khw[0], khw[1])
+
+    def _data_grads(self, x, dy, gdw):
+        return [
+            self.family.image_acts(**self._params())(dy, gdw, self._hw_of(x)),
+            self.family.filter_acts(**self._params())(x, gdw),
+        ]
+
+
+class _ConvOp(Cc2Op):
+    """The host convolution ops' base: their props and the host op machinery."""
+
+    __props__ = ("stride", "padding", "groups")
+
+
+class FilterActs(FilterActsSkeleton, _ConvOp):
     """Forward convolution (cross-correlation), bc01.
 
     ``FilterActs(stride=..., padding=..., groups=...)(x, w) -> y``.
@@ -566,9 +643,7 @@ class FilterActs(_ConvOp):
         x = float_tensor(op, "images", x, 4, IMAGE_AXES)
         w = float_tensor(op, "filters", w, 4, FILTER_AXES)
         dtype = same_dtype(op, images=x, filters=w)
-        shape = check_conv_shapes(
-            op, x.type.shape, w.type.shape, self.stride, self.padding, self.groups
-        )
+        shape = self._out_shape(x, w)
         return Apply(self, [x, w], [pt.tensor(dtype=dtype, shape=shape)])
 
     def perform(self, node, inputs, output_storage):
@@ -580,36 +655,8 @@ class FilterActs(_ConvOp):
             x, w, self.stride, self.padding, self.groups
         )
 
-    def _infer_shape(self, node, input_shapes):
-        (b, _, h, wd), (f, _, kh, kw) = input_shapes
-        return [
-            (
-                b,
-                f,
-                conv_output_length(h, kh, self.stride[0], self.padding[0]),
-                conv_output_length(wd, kw, self.stride[1], self.padding[1]),
-            )
-        ]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, w = inputs
-        gy = _like(cotangents[0], outputs[0])
-        gx = ImageActs(**self._family())(gy, w, x.shape[2:])
-        gw = WeightActs(**self._family())(x, gy, w.shape[2:])
-        return [gx, gw]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, w = inputs
-        tx, tw = tangents
-        terms = []
-        if _connected(tx):
-            terms.append(self(_like(tx, x), w))
-        if _connected(tw):
-            terms.append(self(x, _like(tw, w)))
-        return [_sum_terms(terms)]
-
-
-class ImageActs(_ConvOp):
+class ImageActs(ImageActsSkeleton, _ConvOp):
     """Gradient of the convolution with respect to the images, bc01.
 
     ``ImageActs(stride=..., padding=..., groups=...)(dy, w, image_hw) -> dx``.
@@ -635,59 +682,25 @@ class ImageActs(_ConvOp):
         dy = float_tensor(op, "gradient", dy, 4, GRADIENT_AXES)
         w = float_tensor(op, "filters", w, 4, FILTER_AXES)
         dtype = same_dtype(op, gradient=dy, filters=w)
-        image_hw = _hw_vector(op, "image_hw", image_hw, "(H, W)")
-        shape = _image_acts_shape(
-            op,
-            dy.type.shape,
-            w.type.shape,
-            _static_pair(image_hw),
-            self.stride,
-            self.padding,
-            self.groups,
-        )
+        image_hw, shape = self._out_shape(dy, w, image_hw)
         return Apply(self, [dy, w, image_hw], [pt.tensor(dtype=dtype, shape=shape)])
 
     def perform(self, node, inputs, output_storage):
         op = "ImageActs"
         dy, w, image_hw = inputs
-        hw = _hw_pair(op, "image_hw", image_hw)
+        hw = hw_value(op, "image_hw", image_hw)
         b, f, ho, wo = dy.shape
-        _check_filter_count(op, f, w.shape[0])
+        check_conv_filter_count(op, f, w.shape[0])
         check_conv_shapes(
             op, (b, None, *hw), w.shape, self.stride, self.padding, self.groups
         )
-        _check_gradient_hw(op, (ho, wo), hw, w.shape[2:], self.stride, self.padding)
+        check_conv_gradient_hw(op, (ho, wo), hw, w.shape[2:], self.stride, self.padding)
         output_storage[0][0] = conv_backward_data_reference(
             dy, w, hw, self.stride, self.padding, self.groups
         )
 
-    def _infer_shape(self, node, input_shapes):
-        (b, _, _, _), (_, cg, _, _), _ = input_shapes
-        image_hw = node.inputs[2]
-        return [(b, cg * self.groups, image_hw[0], image_hw[1])]
 
-    def connection_pattern(self, node):
-        return [[True], [True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        dy, w, _ = inputs
-        gdx = _like(cotangents[0], outputs[0])
-        g_dy = FilterActs(**self._family())(gdx, w)
-        g_w = WeightActs(**self._family())(gdx, dy, w.shape[2:])
-        return [g_dy, g_w, disconnected_type()]
-
-    def pushforward(self, inputs, outputs, tangents):
-        dy, w, image_hw = inputs
-        tdy, tw, _ = tangents
-        terms = []
-        if _connected(tdy):
-            terms.append(self(_like(tdy, dy), w, image_hw))
-        if _connected(tw):
-            terms.append(self(dy, _like(tw, w), image_hw))
-        return [_sum_terms(terms)]
-
-
-class WeightActs(_ConvOp):
+class WeightActs(WeightActsSkeleton, _ConvOp):
     """Gradient of the convolution with respect to the filters, bc01.
 
     ``WeightActs(stride=..., padding=..., groups=...)(x, dy, filter_hw) -> dw``.
@@ -712,23 +725,14 @@ class WeightActs(_ConvOp):
         x = float_tensor(op, "images", x, 4, IMAGE_AXES)
         dy = float_tensor(op, "gradient", dy, 4, GRADIENT_AXES)
         dtype = same_dtype(op, images=x, gradient=dy)
-        filter_hw = _hw_vector(op, "filter_hw", filter_hw, "(kh, kw)")
-        shape = _weight_acts_shape(
-            op,
-            x.type.shape,
-            dy.type.shape,
-            _static_pair(filter_hw),
-            self.stride,
-            self.padding,
-            self.groups,
-        )
+        filter_hw, shape = self._out_shape(x, dy, filter_hw)
         return Apply(self, [x, dy, filter_hw], [pt.tensor(dtype=dtype, shape=shape)])
 
     def perform(self, node, inputs, output_storage):
         op = "WeightActs"
         x, dy, filter_hw = inputs
-        khw = _hw_pair(op, "filter_hw", filter_hw)
-        _check_batch(op, x.shape[0], dy.shape[0])
+        khw = hw_value(op, "filter_hw", filter_hw)
+        check_conv_batch(op, x.shape[0], dy.shape[0])
         check_conv_shapes(
             op,
             x.shape,
@@ -737,37 +741,17 @@ class WeightActs(_ConvOp):
             self.padding,
             self.groups,
         )
-        _check_gradient_hw(
+        check_conv_gradient_hw(
             op, dy.shape[2:], x.shape[2:], khw, self.stride, self.padding
         )
         output_storage[0][0] = conv_backward_filter_reference(
             x, dy, khw, self.stride, self.padding, self.groups
         )
 
-    def _infer_shape(self, node, input_shapes):
-        (_, c, _, _), (_, f, _, _), _ = input_shapes
-        filter_hw = node.inputs[2]
-        return [(f, c // self.groups, filter_hw[0], filter_hw[1])]
 
-    def connection_pattern(self, node):
-        return [[True], [True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, dy, _ = inputs
-        gdw = _like(cotangents[0], outputs[0])
-        g_x = ImageActs(**self._family())(dy, gdw, x.shape[2:])
-        g_dy = FilterActs(**self._family())(x, gdw)
-        return [g_x, g_dy, disconnected_type()]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, dy, filter_hw = inputs
-        tx, tdy, _ = tangents
-        terms = []
-        if _connected(tx):
-            terms.append(self(_like(tx, x), dy, filter_hw))
-        if _connected(tdy):
-            terms.append(self(x, _like(tdy, dy), filter_hw))
-        return [_sum_terms(terms)]
+#: The host convolution ops by role (their skeletons' ``family``).
+HOST_FAMILY = ConvFamily(FilterActs, ImageActs, WeightActs)
+_ConvOp.family = HOST_FAMILY
 
 
 # --------------------------------------------------------------------------

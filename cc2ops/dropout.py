@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor
@@ -47,7 +47,7 @@ from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.type import TensorType
 
 from cc2ops import seam
-from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, Cc2Op, _as_tensor
+from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, Cc2Op, as_tensor
 
 __all__ = [
     "PHILOX_M0",
@@ -63,6 +63,15 @@ __all__ = [
     "dropout",
     "Dropout",
     "DropoutAdvance",
+    "check_p",
+    "check_state_value",
+    "state_counter",
+    "state_variable",
+    # the skeletons the host ops share with their GPU twins
+    "DropoutFamily",
+    "HOST_FAMILY",
+    "DropoutSkeleton",
+    "DropoutAdvanceSkeleton",
 ]
 
 PHILOX_M0 = 0xD2511F53
@@ -121,7 +130,8 @@ def dropout_scale(p: float, dtype: Any) -> np.generic:
     return np.dtype(dtype).type(1.0 / (1.0 - float(p)))
 
 
-def _counter(state: np.ndarray) -> int:
+def state_counter(state: np.ndarray) -> int:
+    """The 64-bit counter ``C = counter_lo + 2**32 * counter_hi`` of a state value."""
     return int(state[2]) | (int(state[3]) << 32)
 
 
@@ -129,9 +139,9 @@ def dropout_mask_reference(state: Any, n: int, p: float) -> np.ndarray:
     """The keep mask (bool, ``n`` elements, C order) for a state value and ``p``."""
     state = np.asarray(state, dtype=np.uint32)
     blocks = -(-int(n) // 4)
-    b = (np.uint64(_counter(state)) + np.arange(blocks, dtype=np.uint64)) & np.uint64(
-        2**64 - 1
-    )
+    b = (
+        np.uint64(state_counter(state)) + np.arange(blocks, dtype=np.uint64)
+    ) & np.uint64(2**64 - 1)
     counters = np.zeros((blocks, 4), np.uint64)
     counters[:, 0] = b & _U32
     counters[:, 1] = b >> np.uint64(32)
@@ -142,13 +152,15 @@ def dropout_mask_reference(state: Any, n: int, p: float) -> np.ndarray:
 def advance_state(state: Any, n: int) -> np.ndarray:
     """The state after a dropout of ``n`` elements: counter + ceil(n / 4), mod 2**64."""
     state = np.asarray(state, dtype=np.uint32)
-    c = (_counter(state) + (-(-int(n) // 4))) % 2**64
+    c = (state_counter(state) + (-(-int(n) // 4))) % 2**64
     out = state.copy()
     out[2], out[3] = c & 0xFFFFFFFF, c >> 32
     return out
 
 
-def _check_state_value(op: str, state: np.ndarray) -> None:
+def check_state_value(op: str, state: np.ndarray) -> None:
+    """A state value (host or GPU array) must be 4 uint32 words; ``ValueError``
+    naming ``op`` else. Reads only its shape and dtype."""
     if state.shape != (4,) or state.dtype != np.uint32:
         raise ValueError(
             f"{op}: the dropout state must be a uint32 vector of 4 words "
@@ -156,7 +168,7 @@ def _check_state_value(op: str, state: np.ndarray) -> None:
         )
 
 
-def _check_p(p: Any, op: str = "dropout") -> float:
+def check_p(p: Any, op: str = "dropout") -> float:
     """``p`` as a float in ``[0, 1)``.
 
     Only real numbers are accepted (int, float, NumPy scalars): a string is
@@ -174,8 +186,9 @@ def _check_p(p: Any, op: str = "dropout") -> float:
     return value
 
 
-def _state_var(op: str, state: Any) -> Variable:
-    state = _as_tensor(op, "state", state)
+def state_variable(op: str, state: Any) -> Variable:
+    """``state`` as a host uint32 vector variable, else ``TypeError``."""
+    state = as_tensor(op, "state", state)
     if state.type.dtype != "uint32" or state.type.ndim != 1:
         raise TypeError(
             f"{op}: state must be the uint32 vector of dropout_state(), got "
@@ -186,13 +199,73 @@ def _state_var(op: str, state: Any) -> Variable:
 
 def _float_input(op: str, x: Any) -> Variable:
     """``x`` as a float32/float64 tensor of any shape, else ``TypeError``."""
-    x = _as_tensor(op, "x", x)
+    x = as_tensor(op, "x", x)
     if x.type.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: x must be float32 or float64, got {x.type.dtype}")
     return x
 
 
-class Dropout(Cc2Op):
+class DropoutFamily(NamedTuple):
+    """The dropout op classes of one backend by role: a skeleton's ``family``
+    (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on the GPU)."""
+
+    dropout: type
+    advance: type
+
+
+class DropoutSkeleton:
+    """:class:`Dropout` and its GPU twin but for props, ``make_node`` and
+    ``perform``.
+
+    ``(x, state) -> y``: the shape rule, connection pattern (the state gets
+    no gradient), pullback and pushforward: ``family.dropout`` of the
+    cotangent or tangent with the same state variable. A compiled function
+    reads every state's value from before its update for the whole call, so
+    that is the same mask.
+    """
+
+    p: float
+    family: ClassVar[DropoutFamily]
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [input_shapes[0]]
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, state = inputs
+        (g,) = cotangents
+        g = self._on_device(g, x)
+        return [self.family.dropout(self.p)(g, state), disconnected_type()]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, state = inputs
+        dx = self._on_device(tangents[0], x)
+        return [self.family.dropout(self.p)(dx, state)]
+
+
+class DropoutAdvanceSkeleton:
+    """:class:`DropoutAdvance` and its GPU twin but for ``make_node`` and
+    ``perform``: a new 4-word state, no gradient to anything."""
+
+    family: ClassVar[DropoutFamily]
+
+    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
+        return [(4,)]
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[False], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        return [disconnected_type(), disconnected_type()]
+
+
+class _HostOp(Cc2Op):
+    """The host ops' base: the host op machinery."""
+
+
+class Dropout(DropoutSkeleton, _HostOp):
     """``x * mask / (1 - p)`` with the Philox mask of the state (module docstring).
 
     Parameters
@@ -211,37 +284,22 @@ class Dropout(Cc2Op):
     __props__ = ("p",)
 
     def __init__(self, p: float) -> None:
-        self.p = _check_p(p, "Dropout")
+        self.p = check_p(p, "Dropout")
 
     def make_node(self, x: Any, state: Any) -> Apply:
         x = _float_input("Dropout", x)
-        state = _state_var("Dropout", state)
+        state = state_variable("Dropout", state)
         return Apply(self, [x, state], [x.type()])
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
         x, state = inputs
-        _check_state_value("Dropout", np.asarray(state))
+        check_state_value("Dropout", np.asarray(state))
         mask = dropout_mask_reference(state, x.size, self.p).reshape(x.shape)
         scale = dropout_scale(self.p, x.dtype)
         outputs[0][0] = np.where(mask, x * scale, x.dtype.type(0)).astype(x.dtype)
 
-    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
-        return [input_shapes[0]]
 
-    def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, state = inputs
-        (g,) = cotangents
-        return [Dropout(self.p)(g, state), disconnected_type()]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, state = inputs
-        return [Dropout(self.p)(tangents[0], state)]
-
-
-class DropoutAdvance(Cc2Op):
+class DropoutAdvance(DropoutAdvanceSkeleton, _HostOp):
     """The dropout state with its counter advanced by ``ceil(n / 4)`` (mod 2**64).
 
     Inputs ``(state, n)``: the uint32 state vector and the int64 element count.
@@ -250,8 +308,8 @@ class DropoutAdvance(Cc2Op):
     __props__ = ()
 
     def make_node(self, state: Any, n: Any) -> Apply:
-        state = _state_var("DropoutAdvance", state)
-        n = _as_tensor("DropoutAdvance", "n", n)
+        state = state_variable("DropoutAdvance", state)
+        n = as_tensor("DropoutAdvance", "n", n)
         if n.type.ndim != 0 or n.type.dtype not in INT_DTYPES:
             raise TypeError(
                 "DropoutAdvance: n must be an integer scalar (the element count), "
@@ -261,17 +319,13 @@ class DropoutAdvance(Cc2Op):
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
         state, n = inputs
-        _check_state_value("DropoutAdvance", np.asarray(state))
+        check_state_value("DropoutAdvance", np.asarray(state))
         outputs[0][0] = advance_state(state, int(n))
 
-    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
-        return [(4,)]
 
-    def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[False], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        return [disconnected_type(), disconnected_type()]
+#: The host ops by role (their skeletons' ``family``).
+HOST_FAMILY = DropoutFamily(Dropout, DropoutAdvance)
+_HostOp.family = HOST_FAMILY
 
 
 def dropout_state(
@@ -375,7 +429,7 @@ def dropout(x: Any, p: float, state: SharedVariable) -> Variable:
         a number); ``x`` is not a float32/float64 tensor; ``state`` is not a
         dropout state.
     """
-    p = _check_p(p)
+    p = check_p(p)
     x = _float_input("dropout", x)
     if not (
         isinstance(state, SharedVariable)

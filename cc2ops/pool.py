@@ -27,11 +27,12 @@ against them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import disconnected_type
-from pytensor.graph.basic import Apply
+from pytensor.graph.basic import Apply, Variable
 from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.variable import TensorConstant, TensorVariable
@@ -47,6 +48,7 @@ from cc2ops._op import (
 from cc2ops.layout import axes_doc, check_layout, images_from_bc01, images_to_bc01
 from cc2ops.shapes import (
     check_pool_params,
+    merge_static_shapes,
     pool_output_length,
     pool_output_shape,
     pool_params,
@@ -66,6 +68,18 @@ __all__ = [
     "max_pool_grad_grad_reference",
     "avg_pool_reference",
     "avg_pool_grad_reference",
+    "PoolPlan",
+    "image_hw_value",
+    # the skeletons the host ops share with their GPU twins
+    "PoolFamily",
+    "HOST_FAMILY",
+    "PoolGeometry",
+    "MaxPoolSkeleton",
+    "MaxPoolBackwardSkeleton",
+    "MaxPoolGradSkeleton",
+    "MaxPoolGradGradSkeleton",
+    "AvgPoolSkeleton",
+    "AvgPoolGradSkeleton",
 ]
 
 Pair = tuple[int, int]
@@ -117,12 +131,22 @@ def _check_pooled(
         )
 
 
-class _Plan:
+class PoolPlan:
     """Where the windows of one pooling geometry lie in a padded image.
 
     The image is padded so that every window is a full ``size`` window; tap
     ``(i, j)`` of all windows is then one strided slice of the padded image,
-    so the references loop over the ``size[0] * size[1]`` taps only.
+    so the references loop over the ``size[0] * size[1]`` taps only. The
+    numba/jax/pytorch/mlx bodies (:mod:`cc2ops.backends`) use the same plan.
+
+    Attributes
+    ----------
+    n : list of int
+        Windows along (rows, cols).
+    pads : list of (int, int)
+        Padding (before, after) along (rows, cols).
+    first : list of int
+        Padded index of window 0's first tap along (rows, cols).
     """
 
     def __init__(self, image_hw: Sequence[int], size: Pair, stride: Pair, start: Pair):
@@ -175,7 +199,7 @@ def _max_pool(x, size, stride, start, op: str) -> np.ndarray:
     size, stride, start = pool_params(size, stride, start, op)
     x = _array(op, "images", x)
     _pooled_shape(op, x.shape, size, stride, start)
-    plan = _Plan(x.shape[2:], size, stride, start)
+    plan = PoolPlan(x.shape[2:], size, stride, start)
     # -inf padding never wins a max against a real pixel (a window always
     # holds one), and a window of real -inf pixels still yields -inf
     xp = plan.pad(x, -np.inf)
@@ -188,7 +212,7 @@ def _max_pool(x, size, stride, start, op: str) -> np.ndarray:
     return y
 
 
-def _first_hits(plan: _Plan, xp: np.ndarray, y: np.ndarray) -> Iterator[tuple]:
+def _first_hits(plan: PoolPlan, xp: np.ndarray, y: np.ndarray) -> Iterator[tuple]:
     """Per tap: the windows whose first pixel equal to ``y`` is this tap."""
     found = np.zeros(y.shape, dtype=bool)
     for tap in plan.taps():
@@ -224,7 +248,7 @@ def _max_pool_grad(x, y, gy, size, stride, start, op: str) -> np.ndarray:
     x, y, gy, size, stride, start = _max_inputs(
         op, x, y, gy, "output gradient", True, size, stride, start
     )
-    plan = _Plan(x.shape[2:], size, stride, start)
+    plan = PoolPlan(x.shape[2:], size, stride, start)
     # NaN padding never compares equal to y, so padded pixels never take the
     # gradient, even in a window whose real pixels are all -inf
     xp = plan.pad(x, np.nan)
@@ -239,7 +263,7 @@ def _max_pool_grad_grad(x, y, ggx, size, stride, start, op: str) -> np.ndarray:
     x, y, ggx, size, stride, start = _max_inputs(
         op, x, y, ggx, "input gradient", False, size, stride, start
     )
-    plan = _Plan(x.shape[2:], size, stride, start)
+    plan = PoolPlan(x.shape[2:], size, stride, start)
     xp = plan.pad(x, np.nan)
     ggxp = plan.pad(ggx, 0)
     ggy = np.zeros(y.shape, dtype=x.dtype)
@@ -252,7 +276,7 @@ def _avg_pool(x, size, stride, start, op: str) -> np.ndarray:
     size, stride, start = pool_params(size, stride, start, op)
     x = _array(op, "images", x)
     _pooled_shape(op, x.shape, size, stride, start)
-    plan = _Plan(x.shape[2:], size, stride, start)
+    plan = PoolPlan(x.shape[2:], size, stride, start)
     xp = plan.pad(x, 0)
     total = None
     for tap in plan.taps():
@@ -264,7 +288,13 @@ def _avg_pool(x, size, stride, start, op: str) -> np.ndarray:
     return total
 
 
-def _hw_pair(op: str, image_hw) -> Pair:
+def image_hw_value(op: str, image_hw: Any) -> Pair:
+    """The run-time value of an ``image_hw`` input as a pair of ints.
+
+    An integer vector of 2 entries (H, W), else ``TypeError``/``ValueError``
+    naming ``op``; the values themselves are checked by the caller (the
+    pooled-shape rule of :mod:`cc2ops.shapes`).
+    """
     hw = np.asarray(image_hw)
     if hw.dtype.kind not in "iu":
         raise TypeError(f"{op}: image_hw must have an integer dtype, got {hw.dtype}")
@@ -272,7 +302,11 @@ def _hw_pair(op: str, image_hw) -> Pair:
         raise ValueError(
             f"{op}: image_hw must have 2 entries (H, W), got {hw.tolist()!r}"
         )
-    out = int(hw[0]), int(hw[1])
+    return int(hw[0]), int(hw[1])
+
+
+def _hw_pair(op: str, image_hw) -> Pair:
+    out = image_hw_value(op, image_hw)
     _check_image_hw(op, out)
     return out
 
@@ -296,7 +330,7 @@ def _avg_pool_grad(gy, image_hw, size, stride, start, op: str) -> np.ndarray:
     _check_pooled(
         op, "output gradient", gy.shape, want, image_shape, size, stride, start
     )
-    plan = _Plan((h, w), size, stride, start)
+    plan = PoolPlan((h, w), size, stride, start)
     g = gy / plan.counts(start, gy.dtype)
     rows = h + sum(plan.pads[0])
     cols = w + sum(plan.pads[1])
@@ -466,17 +500,8 @@ def avg_pool_grad_reference(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: one skeleton per op, shared with the GPU ops
 # --------------------------------------------------------------------------
-
-
-def _merge(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
-    """Entry-wise the known one of several static shapes (they agree)."""
-    out = []
-    for dims in zip(*shapes, strict=True):
-        known = [d for d in dims if d is not None]
-        out.append(known[0] if known else None)
-    return tuple(out)
 
 
 def _static_hw(image_hw: TensorVariable) -> tuple[int | None, int | None]:
@@ -492,16 +517,15 @@ def _static_hw(image_hw: TensorVariable) -> tuple[int | None, int | None]:
     return tuple(out)
 
 
-def _hw_vector(x: TensorVariable) -> TensorVariable:
-    """(H, W) of ``x`` as an int vector, a constant where the shape is static."""
-    h, w = x.type.shape[2:]
-    if h is not None and w is not None:
-        return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
-    return x.shape[2:]
+class PoolFamily(NamedTuple):
+    """The pooling op classes of one backend by role: a skeleton's ``family``
+    (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on the GPU)."""
 
-
-def _as_dtype(v: TensorVariable, dtype: str) -> TensorVariable:
-    return v if v.type.dtype == dtype else v.astype(dtype)
+    max_pool: type
+    max_pool_grad: type
+    max_pool_grad_grad: type
+    avg_pool: type
+    avg_pool_grad: type
 
 
 class PoolGeometry:
@@ -509,12 +533,14 @@ class PoolGeometry:
 
     A mixin for op classes with ``__props__ = ("size", "stride", "start")``
     (declared on the op class itself, where PyTensor builds equality and
-    hashing from it); :mod:`cc2ops.cuda.pool` shares it.
+    hashing from it), the base of the per-op skeletons below. ``family`` is
+    the op classes of the op's backend (:class:`PoolFamily`).
     """
 
     size: Pair
     stride: Pair
     start: Pair
+    family: ClassVar[PoolFamily]
 
     def __init__(
         self,
@@ -570,13 +596,194 @@ class PoolGeometry:
             )
 
 
-class _Pool(PoolGeometry, Cc2Op):
-    """The host pooling ops' base: :class:`PoolGeometry` plus the op machinery."""
+class MaxPoolSkeleton(PoolGeometry):
+    """:class:`MaxPool` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(x) -> y``: shape rule, pullback (``family.max_pool_grad``) and
+    pushforward (``family.max_pool_grad_grad``).
+    """
+
+    def _infer_shape(self, node, input_shapes):
+        return [self._symbolic_pooled(input_shapes[0])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (x,), (y,), (gy,) = inputs, outputs, cotangents
+        grad = self.family.max_pool_grad(**self._params())
+        return [grad(x, y, self._cotangent(gy, x))]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (x,), (y,), (dx,) = inputs, outputs, tangents
+        if is_disconnected(dx):
+            return [disconnected_type()]
+        grad_grad = self.family.max_pool_grad_grad(**self._params())
+        return [grad_grad(x, y, self._cotangent(dx, x))]
+
+
+class MaxPoolBackwardSkeleton(PoolGeometry):
+    """``op(x, y, t)`` with ``y`` the max-pooled ``x``, linear in ``t``.
+
+    The skeleton of :class:`MaxPoolGrad` and :class:`MaxPoolGradGrad` (and
+    their GPU twins): the static-shape rule of ``make_node``
+    (:meth:`_backward_shape`), the shape rule, pullback and pushforward. A
+    subclass sets the role of ``t`` and whether ``t`` and the result are
+    shaped like ``y`` (pooled) or like ``x``, and ``_adjoint_role``, the
+    :class:`PoolFamily` role of the op whose linear map in ``t`` is its
+    transpose.
+    """
+
+    _t_role: str
+    _t_pooled: bool  # t shaped like y (else like x)
+    _out_pooled: bool  # the result shaped like y (else like x)
+    _adjoint_role: str
+
+    def _backward_shape(self, x: Variable, y: Variable, t: Variable) -> tuple:
+        """The output's static shape, after checking the inputs' static shapes."""
+        pooled = self._static_pooled(x.type.shape)
+        self._check_static("pooled output", y.type.shape, pooled, x.type.shape)
+        if self._t_pooled:
+            self._check_static(self._t_role, t.type.shape, pooled, x.type.shape)
+            pooled = merge_static_shapes(pooled, y.type.shape, t.type.shape)
+            image = x.type.shape
+        else:
+            image = merge_static_shapes(x.type.shape, t.type.shape)
+            if any(
+                g is not None and w is not None and g != w
+                for g, w in zip(t.type.shape, x.type.shape, strict=True)
+            ):
+                raise ValueError(
+                    f"{self._name}: {self._t_role} shape {t.type.shape} must equal "
+                    f"the image shape {x.type.shape}"
+                )
+            pooled = merge_static_shapes(pooled, y.type.shape)
+        return pooled if self._out_pooled else image
+
+    def _infer_shape(self, node, input_shapes):
+        if self._out_pooled:
+            return [self._symbolic_pooled(input_shapes[0])]
+        return [input_shapes[0]]
+
+    def _adjoint(self) -> MaxPoolBackwardSkeleton:
+        """The op whose linear map in ``t`` is this one's transpose."""
+        return getattr(self.family, self._adjoint_role)(**self._params())
+
+    # Both backward ops are linear in ``t`` and piecewise constant in ``x`` and
+    # ``y`` (they change only where a window's argmax moves, a set of measure
+    # zero): the pullback wrt ``t`` is the adjoint op, wrt ``x`` and ``y`` zeros;
+    # the pushforward is the op itself applied to ``t``'s tangent.
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, y, _ = inputs
+        (g,) = cotangents
+        gt = self._adjoint()(x, y, self._cotangent(g, x))
+        return [self._zeros_like(x), self._zeros_like(y), gt]
+
+    def pushforward(self, inputs, outputs, tangents):
+        x, y, _ = inputs
+        dt = tangents[2]
+        if is_disconnected(dt):
+            if all(is_disconnected(t) for t in tangents):
+                return [disconnected_type()]
+            return [self._zeros_like(outputs[0])]
+        return [type(self)(**self._params())(x, y, self._cotangent(dt, x))]
+
+
+class MaxPoolGradSkeleton(MaxPoolBackwardSkeleton):
+    """:class:`MaxPoolGrad` and its GPU twin but for ``make_node``/``perform``."""
+
+    _t_role = "output gradient"
+    _t_pooled = True
+    _out_pooled = False
+    _adjoint_role = "max_pool_grad_grad"
+
+
+class MaxPoolGradGradSkeleton(MaxPoolBackwardSkeleton):
+    """:class:`MaxPoolGradGrad` and its GPU twin but for ``make_node``/``perform``."""
+
+    _t_role = "input gradient"
+    _t_pooled = False
+    _out_pooled = True
+    _adjoint_role = "max_pool_grad"
+
+
+class AvgPoolSkeleton(PoolGeometry):
+    """:class:`AvgPool` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(x) -> y``, linear: pullback ``family.avg_pool_grad`` of the cotangent
+    and the image size, pushforward the op itself.
+    """
+
+    def _infer_shape(self, node, input_shapes):
+        return [self._symbolic_pooled(input_shapes[0])]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (x,), (gy,) = inputs, cotangents
+        grad = self.family.avg_pool_grad(**self._params())
+        return [grad(self._cotangent(gy, x), self._hw_of(x))]
+
+    def pushforward(self, inputs, outputs, tangents):
+        (x,), (dx,) = inputs, tangents
+        if is_disconnected(dx):
+            return [disconnected_type()]
+        return [self.family.avg_pool(**self._params())(self._cotangent(dx, x))]
+
+
+class AvgPoolGradSkeleton(PoolGeometry):
+    """:class:`AvgPoolGrad` and its GPU twin but for ``make_node``/``perform``.
+
+    ``(gy, image_hw) -> gx``: the ``image_hw`` input rule
+    (:meth:`_image_hw_input`), the shape rule, the connection pattern (the
+    image size is disconnected), pullback ``family.avg_pool`` and pushforward
+    the op itself.
+    """
+
+    def _image_hw_input(self, image_hw: Any) -> tuple[Variable, tuple]:
+        """``image_hw`` as a validated int vector of 2 entries, and its values
+        where they are constants."""
+        op = self._name
+        image_hw = int_tensor(op, "image_hw", image_hw, 1, "(H, W)")
+        length = image_hw.type.shape[0]
+        if length is not None and length != 2:
+            raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
+        return image_hw, _static_hw(image_hw)
+
+    def _infer_shape(self, node, input_shapes):
+        b, c = input_shapes[0][:2]
+        h, w = node.outputs[0].type.shape[2:]
+        hw = node.inputs[1]
+        return [
+            (
+                b,
+                c,
+                pt.cast(hw[0], "int64") if h is None else h,
+                pt.cast(hw[1], "int64") if w is None else w,
+            )
+        ]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        gy, _ = inputs
+        (g,) = cotangents
+        avg_pool = self.family.avg_pool(**self._params())
+        return [avg_pool(self._cotangent(g, gy)), disconnected_type()]
+
+    def pushforward(self, inputs, outputs, tangents):
+        gy, image_hw = inputs
+        dgy = tangents[0]
+        if is_disconnected(dgy):
+            return [disconnected_type()]
+        grad = self.family.avg_pool_grad(**self._params())
+        return [grad(self._cotangent(dgy, gy), image_hw)]
+
+
+class _Pool(Cc2Op):
+    """The host pooling ops' base: their props and the host op machinery."""
 
     __props__ = ("size", "stride", "start")
 
 
-class MaxPool(_Pool):
+class MaxPool(MaxPoolSkeleton, _Pool):
     """Max pooling of (B, C, H, W) images: ``MaxPool(size=...)(x) -> y``.
 
     Parameters
@@ -607,26 +814,9 @@ class MaxPool(_Pool):
             x, self.size, self.stride, self.start, self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (x,), (y,), (gy,) = inputs, outputs, cotangents
-        return [MaxPoolGrad(**self._params())(x, y, _as_dtype(gy, x.type.dtype))]
-
-    def pushforward(self, inputs, outputs, tangents):
-        (x,), (y,), (dx,) = inputs, outputs, tangents
-        if is_disconnected(dx):
-            return [disconnected_type()]
-        return [MaxPoolGradGrad(**self._params())(x, y, _as_dtype(dx, x.type.dtype))]
-
 
 class _MaxPoolBackward(_Pool):
-    """``op(x, y, t)`` with ``y`` the max-pooled ``x``; linear in ``t``."""
-
-    _t_role: str
-    _t_pooled: bool  # t shaped like y (else like x)
-    _out_pooled: bool  # the result shaped like y (else like x)
+    """The host backward ops' ``make_node``: ``op(x, y, t)`` on host tensors."""
 
     def make_node(self, x, y, t):
         op = self._name
@@ -634,52 +824,11 @@ class _MaxPoolBackward(_Pool):
         y = float_tensor(op, "pooled output", y, 4, _BC01)
         t = float_tensor(op, self._t_role, t, 4, _BC01)
         dtype = same_dtype(op, **{"images": x, "pooled output": y, self._t_role: t})
-        pooled = self._static_pooled(x.type.shape)
-        self._check_static("pooled output", y.type.shape, pooled, x.type.shape)
-        if self._t_pooled:
-            self._check_static(self._t_role, t.type.shape, pooled, x.type.shape)
-            pooled = _merge(pooled, y.type.shape, t.type.shape)
-            image = x.type.shape
-        else:
-            image = _merge(x.type.shape, t.type.shape)
-            if any(
-                g is not None and w is not None and g != w
-                for g, w in zip(t.type.shape, x.type.shape, strict=True)
-            ):
-                raise ValueError(
-                    f"{op}: {self._t_role} shape {t.type.shape} must equal the image "
-                    f"shape {x.type.shape}"
-                )
-            pooled = _merge(pooled, y.type.shape)
-        out_shape = pooled if self._out_pooled else image
+        out_shape = self._backward_shape(x, y, t)
         return Apply(self, [x, y, t], [pt.tensor(dtype=dtype, shape=out_shape)])
 
-    def _adjoint(self) -> _MaxPoolBackward:
-        """The op whose linear map in ``t`` is this one's transpose."""
-        raise NotImplementedError(f"{type(self).__name__} must define _adjoint()")
 
-    # Both backward ops are linear in ``t`` and piecewise constant in ``x`` and
-    # ``y`` (they change only where a window's argmax moves, a set of measure
-    # zero): the pullback wrt ``t`` is the adjoint op, wrt ``x`` and ``y`` zeros;
-    # the pushforward is the op itself applied to ``t``'s tangent.
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, y, _ = inputs
-        (g,) = cotangents
-        gt = self._adjoint()(x, y, _as_dtype(g, x.type.dtype))
-        return [x.zeros_like(), y.zeros_like(), gt]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, y, _ = inputs
-        dt = tangents[2]
-        if is_disconnected(dt):
-            if all(is_disconnected(t) for t in tangents):
-                return [disconnected_type()]
-            return [outputs[0].zeros_like()]
-        return [type(self)(**self._params())(x, y, _as_dtype(dt, x.type.dtype))]
-
-
-class MaxPoolGrad(_MaxPoolBackward):
+class MaxPoolGrad(MaxPoolGradSkeleton, _MaxPoolBackward):
     """Gradient of :class:`MaxPool` wrt its images: ``(x, y, gy) -> gx``.
 
     Parameters
@@ -702,24 +851,14 @@ class MaxPoolGrad(_MaxPoolBackward):
     zeros, as is their contribution to the pushforward.
     """
 
-    _t_role = "output gradient"
-    _t_pooled = True
-    _out_pooled = False
-
     def perform(self, node, inputs, output_storage):
         x, y, gy = inputs
         output_storage[0][0] = _max_pool_grad(
             x, y, gy, self.size, self.stride, self.start, self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]]
 
-    def _adjoint(self) -> _MaxPoolBackward:
-        return MaxPoolGradGrad(**self._params())
-
-
-class MaxPoolGradGrad(_MaxPoolBackward):
+class MaxPoolGradGrad(MaxPoolGradGradSkeleton, _MaxPoolBackward):
     """Adjoint of :class:`MaxPoolGrad` in ``gy``: ``(x, y, ggx) -> ggy``.
 
     Parameters
@@ -738,24 +877,14 @@ class MaxPoolGradGrad(_MaxPoolBackward):
     as for :class:`MaxPoolGrad`).
     """
 
-    _t_role = "input gradient"
-    _t_pooled = False
-    _out_pooled = True
-
     def perform(self, node, inputs, output_storage):
         x, y, ggx = inputs
         output_storage[0][0] = _max_pool_grad_grad(
             x, y, ggx, self.size, self.stride, self.start, self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
 
-    def _adjoint(self) -> _MaxPoolBackward:
-        return MaxPoolGrad(**self._params())
-
-
-class AvgPool(_Pool):
+class AvgPool(AvgPoolSkeleton, _Pool):
     """Average pooling of (B, C, H, W) images: ``AvgPool(size=...)(x) -> y``.
 
     Parameters
@@ -783,22 +912,8 @@ class AvgPool(_Pool):
             x, self.size, self.stride, self.start, self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        (x,), (gy,) = inputs, cotangents
-        grad = AvgPoolGrad(**self._params())
-        return [grad(_as_dtype(gy, x.type.dtype), _hw_vector(x))]
-
-    def pushforward(self, inputs, outputs, tangents):
-        (x,), (dx,) = inputs, tangents
-        if is_disconnected(dx):
-            return [disconnected_type()]
-        return [AvgPool(**self._params())(_as_dtype(dx, x.type.dtype))]
-
-
-class AvgPoolGrad(_Pool):
+class AvgPoolGrad(AvgPoolGradSkeleton, _Pool):
     """Gradient of :class:`AvgPool` wrt its images: ``(gy, image_hw) -> gx``.
 
     Parameters
@@ -819,11 +934,7 @@ class AvgPoolGrad(_Pool):
     def make_node(self, gy, image_hw):
         op = self._name
         gy = float_tensor(op, "output gradient", gy, 4, _BC01)
-        image_hw = int_tensor(op, "image_hw", image_hw, 1, "(H, W)")
-        length = image_hw.type.shape[0]
-        if length is not None and length != 2:
-            raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
-        h, w = _static_hw(image_hw)
+        image_hw, (h, w) = self._image_hw_input(image_hw)
         _check_image_hw(op, (h, w))
         image = (gy.type.shape[0], gy.type.shape[1], h, w)
         self._check_static(
@@ -838,37 +949,10 @@ class AvgPoolGrad(_Pool):
             gy, image_hw, self.size, self.stride, self.start, self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        b, c = input_shapes[0][:2]
-        h, w = node.outputs[0].type.shape[2:]
-        hw = node.inputs[1]
-        return [
-            (
-                b,
-                c,
-                pt.cast(hw[0], "int64") if h is None else h,
-                pt.cast(hw[1], "int64") if w is None else w,
-            )
-        ]
 
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        gy, _ = inputs
-        (g,) = cotangents
-        return [
-            AvgPool(**self._params())(_as_dtype(g, gy.type.dtype)),
-            disconnected_type(),
-        ]
-
-    def pushforward(self, inputs, outputs, tangents):
-        gy, image_hw = inputs
-        dgy = tangents[0]
-        if is_disconnected(dgy):
-            return [disconnected_type()]
-        grad = AvgPoolGrad(**self._params())
-        return [grad(_as_dtype(dgy, gy.type.dtype), image_hw)]
+#: The host pooling ops by role (their skeletons' ``family``).
+HOST_FAMILY = PoolFamily(MaxPool, MaxPoolGrad, MaxPoolGradGrad, AvgPool, AvgPoolGrad)
+_Pool.family = HOST_FAMILY
 
 
 # --------------------------------------------------------------------------

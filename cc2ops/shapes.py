@@ -41,15 +41,25 @@ Cross-map response normalisation: channel ``c`` sums the squares of channels
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "pair",
+    "merge_static_shapes",
+    "check_hw_values",
+    "hw_value",
+    "conv_params",
     "conv_output_length",
     "conv_output_shape",
     "check_conv_shapes",
+    "check_conv_filter_count",
+    "check_conv_batch",
+    "check_conv_gradient_hw",
+    "image_acts_shape",
+    "weight_acts_shape",
     "pool_output_length",
     "pool_output_shape",
     "check_pool_params",
@@ -57,6 +67,7 @@ __all__ = [
     "pool_window_bounds",
     "cross_map_window_bounds",
     "check_cross_map_params",
+    "cross_map_params",
     "conv_flops",
 ]
 
@@ -116,9 +127,68 @@ def pair(
     return out
 
 
+def merge_static_shapes(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
+    """Entry-wise the first known entry of several static shapes (that agree).
+
+    For ``make_node``: the static output shape of an op whose inputs must have
+    equal shapes, each known in part (``None`` where unknown). The shapes must
+    have one length; that they agree where known is checked by the caller.
+    """
+    out = []
+    for dims in zip(*shapes, strict=True):
+        known = [d for d in dims if d is not None]
+        out.append(known[0] if known else None)
+    return tuple(out)
+
+
+def check_hw_values(op: str, role: str, hw: Sequence[int | None]) -> None:
+    """An (H, W) / (kh, kw) pair, where known, must be >= 1 along both axes."""
+    known = [v for v in hw if v is not None]
+    if known and min(known) < 1:
+        raise ValueError(f"{op}: {role} must be >= 1, got {tuple(hw)}")
+
+
+def hw_value(op: str, role: str, value: Any) -> tuple[int, int]:
+    """A run-time (H, W) / (kh, kw) int vector as a validated pair of ints.
+
+    The value of an ``image_hw`` / ``filter_hw`` input when the op runs: one
+    dim of 2 entries, an integer dtype, both entries >= 1.
+    """
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.shape[0] != 2:
+        raise ValueError(f"{op}: {role} must have 2 entries, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{op}: {role} must have an integer dtype, got {arr.dtype}")
+    out = (int(arr[0]), int(arr[1]))
+    check_hw_values(op, role, out)
+    return out
+
+
 # --------------------------------------------------------------------------
 # convolution
 # --------------------------------------------------------------------------
+
+_SIDES = ("rows", "cols")
+_SIDE = ("row", "col")
+
+
+def conv_params(
+    stride: Any, padding: Any, groups: Any, op: str
+) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """Normalised, validated ``(stride, padding, groups)`` of a convolution.
+
+    The one place the convolution ops (host and GPU), the references and the
+    GPU launchers read their parameters: ``stride`` and ``padding`` become
+    (rows, cols) pairs, ``stride >= 1``, ``padding >= 0``; ``groups`` is an
+    int (not a bool) ``>= 1``.
+    """
+    stride = pair(stride, "stride", op, minimum=1)
+    padding = pair(padding, "padding", op, minimum=0)
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral):
+        raise TypeError(f"{op}: groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    return stride, padding, int(groups)
 
 
 def conv_output_length(length, filter_size: int, stride: int, padding: int):
@@ -206,6 +276,117 @@ def check_conv_shapes(
     if w is not None and kw is not None:
         wo = conv_output_shape((1, w), (1, kw), (1, stride[1]), (0, padding[1]), op)[1]
     return (b, f, ho, wo)
+
+
+def _axis_output(op: str, axis: int, n: int, k: int, s: int, p: int) -> int:
+    """``conv_output_shape`` along one axis, so its message names that axis."""
+    hw, khw, st, pd = [1, 1], [1, 1], [1, 1], [0, 0]
+    hw[axis], khw[axis], st[axis], pd[axis] = n, k, s, p
+    return conv_output_shape(tuple(hw), tuple(khw), tuple(st), tuple(pd), op)[axis]
+
+
+def check_conv_gradient_hw(
+    op: str,
+    grad_hw: Sequence[int | None],
+    image_hw: Sequence[int | None],
+    filter_hw: Sequence[int | None],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+) -> None:
+    """An output gradient's (Ho, Wo) must be the forward output shape.
+
+    ``None`` entries (static shapes) skip their axis. Needed by both
+    gradients: the floor in the output rule maps several image sizes to one
+    output size, so (Ho, Wo) does not determine (H, W).
+    """
+    for axis in range(2):
+        n, k, got = image_hw[axis], filter_hw[axis], grad_hw[axis]
+        if n is None or k is None:
+            continue
+        s, p = stride[axis], padding[axis]
+        want = _axis_output(op, axis, n, k, s, p)
+        if got is not None and got != want:
+            side = _SIDES[axis]
+            raise ValueError(
+                f"{op}: gradient {side} ({got}) do not match the output {side} "
+                f"({want}) of a {k}-{_SIDE[axis]} filter over {n} {side} with "
+                f"stride {s}, padding {p}"
+            )
+
+
+def check_conv_filter_count(op: str, grad_f: int | None, filters_f: int | None) -> None:
+    """The output gradient has one channel per filter (``None`` skips)."""
+    if grad_f is not None and filters_f is not None and grad_f != filters_f:
+        raise ValueError(
+            f"{op}: gradient has {grad_f} channels but there are {filters_f} filters"
+        )
+
+
+def check_conv_batch(op: str, images_b: int | None, grad_b: int | None) -> None:
+    """Images and output gradient have one batch (``None`` skips)."""
+    if images_b is not None and grad_b is not None and images_b != grad_b:
+        raise ValueError(
+            f"{op}: gradient batch ({grad_b}) does not match the image batch "
+            f"({images_b})"
+        )
+
+
+def image_acts_shape(
+    op: str,
+    dy_shape: Sequence[int | None],
+    w_shape: Sequence[int | None],
+    hw: tuple[int | None, int | None],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> tuple[int | None, ...]:
+    """Validated static (B, C, H, W) of the gradient wrt the images.
+
+    Parameters
+    ----------
+    dy_shape : tuple
+        (B, F, Ho, Wo) of the output gradient; entries may be ``None``.
+    w_shape : tuple
+        (F, C/groups, kh, kw) of the filters; entries may be ``None``.
+    hw : pair
+        (H, W) of the images where known.
+    """
+    check_hw_values(op, "image_hw", hw)
+    b, f, ho, wo = dy_shape
+    check_conv_filter_count(op, f, w_shape[0])
+    check_conv_shapes(op, (b, None, *hw), w_shape, stride, padding, groups)
+    check_conv_gradient_hw(op, (ho, wo), hw, w_shape[2:], stride, padding)
+    cg = w_shape[1]
+    return (b, None if cg is None else cg * groups, *hw)
+
+
+def weight_acts_shape(
+    op: str,
+    x_shape: Sequence[int | None],
+    dy_shape: Sequence[int | None],
+    khw: tuple[int | None, int | None],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    groups: int,
+) -> tuple[int | None, ...]:
+    """Validated static (F, C/groups, kh, kw) of the gradient wrt the filters.
+
+    Parameters
+    ----------
+    x_shape : tuple
+        (B, C, H, W) of the images; entries may be ``None``.
+    dy_shape : tuple
+        (B, F, Ho, Wo) of the output gradient; entries may be ``None``.
+    khw : pair
+        (kh, kw) of the filters where known.
+    """
+    check_hw_values(op, "filter_hw", khw)
+    b, c, h, wd = x_shape
+    check_conv_batch(op, b, dy_shape[0])
+    f = dy_shape[1]
+    check_conv_shapes(op, x_shape, (f, None, *khw), stride, padding, groups)
+    check_conv_gradient_hw(op, dy_shape[2:], (h, wd), khw, stride, padding)
+    return (f, None if c is None else c // groups, *khw)
 
 
 def conv_flops(
@@ -346,6 +527,27 @@ def check_cross_map_params(op: str, size: int, alpha, beta, k) -> None:
             raise ValueError(f"{op}: {name} must be finite, got {val!r}")
     if k <= 0:
         raise ValueError(f"{op}: k must be > 0 so the denominator is positive, got {k}")
+
+
+def cross_map_params(
+    op: str, size: Any, alpha: Any, beta: Any, k: Any, blocked: Any
+) -> tuple[int, float, float, float, bool]:
+    """Validated cross-map normalisation parameters as plain Python values.
+
+    :func:`check_cross_map_params` plus ``alpha >= 0`` (with ``k > 0`` the
+    denominator is then positive for every input) and a bool ``blocked``.
+    The host ops, the GPU ops, the references and the launchers read their
+    parameters through it.
+    """
+    check_cross_map_params(op, size, alpha, beta, k)
+    if alpha < 0:
+        raise ValueError(
+            f"{op}: alpha must be >= 0 (with k > 0 that keeps the denominator "
+            f"positive for every input), got {alpha}"
+        )
+    if not isinstance(blocked, (bool, np.bool_)):
+        raise TypeError(f"{op}: blocked must be a bool, got {blocked!r}")
+    return int(size), float(alpha), float(beta), float(k), bool(blocked)
 
 
 def cross_map_window_bounds(

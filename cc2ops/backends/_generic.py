@@ -29,6 +29,7 @@ import numpy as np
 from pytensor.graph.basic import Apply, Constant
 
 from cc2ops.conv import FilterActs, ImageActs, WeightActs
+from cc2ops.cross_map_norm import CrossMapNorm, CrossMapNormGrad
 from cc2ops.dropout import (
     PHILOX_M0,
     PHILOX_M1,
@@ -45,10 +46,13 @@ from cc2ops.pool import (
     MaxPool,
     MaxPoolGrad,
     MaxPoolGradGrad,
-    _Plan,
+    PoolPlan,
 )
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad
-from cc2ops.softmax_loss import SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, TopKError
+from cc2ops.softmax_cross_entropy import (
+    SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyGrad,
+    TopKError,
+)
 
 _M16 = 0xFFFF
 _M32 = 0xFFFFFFFF
@@ -134,14 +138,14 @@ class Arrays:
         raise NotImplementedError
 
     # -- overridable window reductions -------------------------------------
-    def window_max(self, xp, plan: _Plan):
+    def window_max(self, xp, plan: PoolPlan):
         """Max over every window of the padded images ``xp`` (taps in order)."""
         y = None
         for tap in plan.taps():
             y = xp[tap] if y is None else self.maximum(y, xp[tap])
         return y
 
-    def window_sum(self, xp, plan: _Plan):
+    def window_sum(self, xp, plan: PoolPlan):
         """Sum over every window of the padded images ``xp`` (taps in order)."""
         y = None
         for tap in plan.taps():
@@ -232,21 +236,21 @@ def filter_grad_pads(length: int, out: int, k: int, s: int, p: int) -> tuple[int
 # --------------------------------------------------------------------------
 
 
-def _plan(op, x_shape) -> _Plan:
-    return _Plan(tuple(x_shape[2:]), op.size, op.stride, op.start)
+def _plan(op, x_shape) -> PoolPlan:
+    return PoolPlan(tuple(x_shape[2:]), op.size, op.stride, op.start)
 
 
-def _full(plan: _Plan) -> list[tuple[int, int]]:
+def _full(plan: PoolPlan) -> list[tuple[int, int]]:
     return [(0, 0), (0, 0), *plan.pads]
 
 
-def _from_first(xp, plan: _Plan):
+def _from_first(xp, plan: PoolPlan):
     """The padded images from window 0's first tap on (what ``lax`` windows see)."""
     r0, c0 = plan.first
     return xp[:, :, r0:, c0:]
 
 
-def _crop(plan: _Plan, a):
+def _crop(plan: PoolPlan, a):
     (r0, _), (c0, _) = plan.pads
     h, w = plan.image_hw
     return a[:, :, r0 : r0 + h, c0 : c0 + w]
@@ -261,7 +265,7 @@ def max_pool(A: Arrays, op: MaxPool, node: Apply):
     return max_pool
 
 
-def _first_hits(A: Arrays, plan: _Plan, xp, y):
+def _first_hits(A: Arrays, plan: PoolPlan, xp, y):
     """Per tap: the windows whose first pixel equal to ``y`` is this tap."""
     found = None
     for tap in plan.taps():
@@ -316,7 +320,7 @@ def avg_pool_grad(A: Arrays, op: AvgPoolGrad, node: Apply):
 
     def avg_pool_grad(gy, image_hw):
         h, w = hw_of(image_hw)
-        plan = _Plan((h, w), op.size, op.stride, op.start)
+        plan = PoolPlan((h, w), op.size, op.stride, op.start)
         dtype = A.dtype_name(gy)
         g = gy / A.constant(plan.counts(op.start, dtype))
         rows = h + sum(plan.pads[0])

@@ -60,6 +60,7 @@ from pytensor.link.numba.dispatch.basic import (
 )
 
 from cc2ops.conv import FilterActs, ImageActs, WeightActs
+from cc2ops.cross_map_norm import CrossMapNorm, CrossMapNormGrad
 from cc2ops.dropout import (
     PHILOX_M0,
     PHILOX_M1,
@@ -77,9 +78,8 @@ from cc2ops.pool import (
     MaxPoolGrad,
     MaxPoolGradGrad,
 )
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad
 from cc2ops.shapes import conv_output_length
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
     TopKError,

@@ -56,6 +56,23 @@ inputs may be non-contiguous views (``array.ascontiguous`` when a kernel needs
 C order). Cotangents may arrive host-typed (PyTensor adds gradient terms with
 host ops), so pullbacks pass them through
 :func:`cc2ops.cuda.transfer.as_gpu_cotangent`.
+
+The GPU twin of a cc2ops host op writes none of this gradient code: it
+inherits the host op's skeleton from the frontend module
+(``cc2ops.pool.MaxPoolSkeleton``, ...: shape rule, connection pattern,
+pullback, pushforward) and :class:`cc2ops.cuda.transfer.GpuGradients` (the
+skeletons' hooks for GPU tensors), names its backend's ops in ``family``,
+and adds only its props, ``make_node`` and ``perform`` (see
+:mod:`cc2ops._op`)::
+
+    class _GpuPool(GpuGradients, GpuOp):
+        __props__ = ("size", "stride", "start")
+
+    class GpuMaxPool(MaxPoolSkeleton, _GpuPool):
+        def make_node(self, x): ...
+        def perform(self, node, inputs, output_storage): ...
+
+    _GpuPool.family = PoolFamily(GpuMaxPool, GpuMaxPoolGrad, ...)
 """
 
 from __future__ import annotations
@@ -64,7 +81,7 @@ from typing import Any
 
 from pytensor.graph.basic import Apply, Variable
 
-from cc2ops._op import Cc2Op
+from cc2ops._op import FLOAT_DTYPES, Cc2Op
 from cc2ops.cuda.runtime.availability import require
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayType
@@ -73,6 +90,7 @@ __all__ = [
     "GpuOp",
     "common_device",
     "as_gpu_variable",
+    "gpu_float_variable",
     "devices_of",
 ]
 
@@ -128,6 +146,22 @@ def as_gpu_variable(
         raise ValueError(
             f"{op}: {role} lives on device {x.type.device}, expected device {device}"
         )
+    return x
+
+
+def gpu_float_variable(op: str, role: str, x: Any, ndim: int, axes: str) -> Variable:
+    """``x`` as a float32/float64 GPU variable of ``ndim`` dims, else ``TypeError``.
+
+    The GPU twin of :func:`cc2ops._op.float_tensor` for ``make_node``
+    (:func:`as_gpu_variable` first): ``axes`` is the expected axis order for
+    the message, e.g. ``"(B, C, H, W)"``.
+    """
+    x = as_gpu_variable(x, op=op, role=role)
+    if x.type.ndim != ndim:
+        dims = f"{ndim} dim" if ndim == 1 else f"{ndim} dims"
+        raise TypeError(f"{op}: {role} must have {dims} {axes}, got {x.type.ndim}")
+    if x.type.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
     return x
 
 

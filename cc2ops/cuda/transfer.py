@@ -15,6 +15,11 @@ src)``), each infers its shape, and none is ever constant-folded: folding
 would run CUDA while a graph is rewritten, and a folded GPU constant would not
 survive pickling. Back-to-back pairs are cancelled by the rewrites in
 :mod:`cc2ops.cuda.rewriting.lift`.
+
+:class:`GpuGradients` gives the GPU ops of cc2ops's families the gradient
+hooks of :class:`cc2ops._op.Cc2Op` for GPU tensors: the shared skeletons
+(``cc2ops.pool.MaxPoolSkeleton``, ...) build a GPU op's pullback through them,
+so cotangents are moved to the op's device with the transfers above.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.null_type import NullType
+from pytensor.tensor.shape import Shape_i
 from pytensor.tensor.type import TensorType
 
 from cc2ops.cuda.op import GpuOp
@@ -54,6 +60,8 @@ __all__ = [
     "as_gpu",
     "as_host",
     "as_gpu_cotangent",
+    "gpu_cotangent",
+    "GpuGradients",
 ]
 
 
@@ -397,3 +405,47 @@ def as_gpu_cotangent(g: Variable, device: int) -> Variable:
     if isinstance(g.type, (DisconnectedType, NullType)):
         return g
     return as_gpu(g, device)
+
+
+def gpu_cotangent(g: Variable, dtype: str, device: int) -> Variable:
+    """A cotangent on ``device`` in ``dtype`` (disconnected/undefined ones pass).
+
+    Host cotangents of another dtype are cast on the host before the upload.
+    """
+    if isinstance(g.type, DisconnectedType) or not hasattr(g.type, "dtype"):
+        return as_gpu_cotangent(g, device)
+    if g.type.dtype != dtype:
+        g = as_host(g).astype(dtype)
+    return as_gpu_cotangent(g, device)
+
+
+class GpuGradients:
+    """The gradient hooks of :class:`cc2ops._op.Cc2Op` for GPU tensors.
+
+    A mixin placed before :class:`~cc2ops.cuda.op.GpuOp` in a GPU family op's
+    bases (``class _GpuPool(PoolGeometry, GpuGradients, GpuOp)``): the
+    family's skeleton then writes the GPU op's pullback and pushforward with
+    the host op's code, and every term it builds lives on the device of the
+    input it belongs to. Cotangents may arrive host-typed (PyTensor adds
+    gradient terms with host ops) or in another dtype; :func:`gpu_cotangent`
+    moves and casts them.
+    """
+
+    def _cotangent(self, g: Variable, like: Variable) -> Variable:
+        return gpu_cotangent(g, like.type.dtype, like.type.device)
+
+    def _zeros_like(self, v: Variable) -> Variable:
+        return as_gpu_cotangent(pt.zeros_like(v), v.type.device)
+
+    def _hw_of(self, x: Variable) -> Variable:
+        # (H, W) of GPU images as a host int64 vector (a constant when static)
+        h, w = x.type.shape[2:]
+        if h is not None and w is not None:
+            return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
+        return pt.stack([Shape_i(2)(x), Shape_i(3)(x)])
+
+    def _host(self, v: Variable) -> Variable:
+        return as_host(v)
+
+    def _on_device(self, v: Variable, like: Variable) -> Variable:
+        return as_gpu_cotangent(v, like.type.device)

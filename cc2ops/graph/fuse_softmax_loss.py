@@ -113,7 +113,7 @@ from pytensor.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor
 
 from cc2ops._op import FLOAT_DTYPES, INT_DTYPES
 from cc2ops.graph.db import fuse_softmax_loss_db
-from cc2ops.softmax_loss import SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad
+from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad
 
 __all__ = [
     "local_softmax_cross_entropy_labels",

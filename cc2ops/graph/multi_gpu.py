@@ -121,10 +121,10 @@ from pytensor.tensor.shape import Reshape, Shape, Shape_i
 
 from cc2ops.comm import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.conv import FilterActs
+from cc2ops.cross_map_norm import CrossMapNorm
 from cc2ops.dropout import Dropout, DropoutAdvance
 from cc2ops.pool import AvgPool, MaxPool
-from cc2ops.response_norm import CrossMapNorm
-from cc2ops.softmax_loss import SoftmaxCrossEntropy, TopKError
+from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy, TopKError
 
 __all__ = [
     "Placement",

@@ -26,6 +26,10 @@ from cc2ops.conv import (
     conv_backward_filter_reference,
     conv_forward_reference,
 )
+from cc2ops.cross_map_norm import (
+    cross_map_norm_grad_reference,
+    cross_map_norm_reference,
+)
 from cc2ops.dropout import advance_state, dropout_mask_reference, dropout_scale
 from cc2ops.pool import (
     avg_pool_grad_reference,
@@ -33,12 +37,8 @@ from cc2ops.pool import (
     max_pool_grad_reference,
     max_pool_reference,
 )
-from cc2ops.response_norm import (
-    cross_map_norm_grad_reference,
-    cross_map_norm_reference,
-)
 from cc2ops.shapes import pool_output_length as shapes_pool_output_length
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     softmax_cross_entropy_grad_reference,
     softmax_cross_entropy_reference,
     top_k_error_reference,

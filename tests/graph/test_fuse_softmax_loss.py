@@ -20,7 +20,7 @@ from pytensor.graph.traversal import ancestors
 
 import cc2ops.graph.fuse_softmax_loss  # noqa: F401  (registers the rules)
 from cc2ops.mode import mode as CC2OPS_MODE
-from cc2ops.softmax_loss import SoftmaxCrossEntropy
+from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy
 
 UNFUSED = CC2OPS_MODE.excluding("cc2ops_fuse_softmax_loss")
 
@@ -324,7 +324,7 @@ def test_advanced_subtensor1_flat_form():
 def test_second_derivative_after_fusion():
     """A graph holding second derivatives of the naive cost fuses to the same values.
 
-    (The fused gradient op's own pullback is checked in test_softmax_loss.)
+    (The fused gradient op's own pullback is checked in test_softmax_cross_entropy.)
     """
     x = pt.matrix("x")
     y = pt.lvector("y")

@@ -16,8 +16,9 @@
   and the advance is the host op ``DropoutAdvance``.
 
 The masks are bit-identical to the CPU op's for the same state value,
-wherever the state lives. The pullback is ``GpuDropout(p)`` of the cotangent
-with the same state variable: a compiled function reads every state's value
+wherever the state lives. The pullback (and the pushforward) is ``GpuDropout(p)``
+of the cotangent with the same state variable, as on the host
+(:class:`cc2ops.dropout.DropoutSkeleton`): a compiled function reads every state's value
 from before its update for the whole call and stores the updates after all
 nodes ran (PyTensor's VMs, which the GPU mode's linker uses unchanged), so
 forward and backward use the same mask. Kernel names:
@@ -32,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
 
 from cc2ops import seam
@@ -41,17 +41,20 @@ from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.compile import get_kernel, launch, register_variants
 from cc2ops.cuda.runtime.device import get_device
-from cc2ops.cuda.transfer import HostFromGpu, as_gpu, as_gpu_cotangent, host_from_gpu
+from cc2ops.cuda.transfer import GpuGradients, HostFromGpu, as_gpu, host_from_gpu
 from cc2ops.cuda.type import CudaArrayType, is_gpu_variable
 from cc2ops.cuda.type import shared as gpu_shared
 from cc2ops.dropout import (
     Dropout,
-    _check_p,
-    _check_state_value,
-    _counter,
-    _state_var,
+    DropoutAdvanceSkeleton,
+    DropoutFamily,
+    DropoutSkeleton,
+    check_p,
+    check_state_value,
     dropout_scale,
     keep_threshold,
+    state_counter,
+    state_variable,
 )
 
 __all__ = [
@@ -60,6 +63,7 @@ __all__ = [
     "dropout_consts",
     "dropout_advance_consts",
     "lift_dropout",
+    "GPU_FAMILY",
 ]
 
 _BLOCK = 256
@@ -129,16 +133,15 @@ def _gpu_state_var(op: str, state: Variable, device: int) -> Variable:
     return state
 
 
-class GpuDropout(GpuOp):
+class _GpuBase(GpuGradients, GpuOp):
+    """The GPU ops' base: the GPU gradient hooks and op machinery."""
+
+
+class GpuDropout(DropoutSkeleton, _GpuBase):
     """``x * mask / (1 - p)`` on the GPU with the mask of a dropout state.
 
-    Parameters
-    ----------
-    p : float
-        Drop probability, ``0 <= p < 1``.
-
-    Notes
-    -----
+    :class:`cc2ops.dropout.Dropout` on the GPU (parameter ``p``, shape rule,
+    pullback and pushforward: :class:`~cc2ops.dropout.DropoutSkeleton`).
     Inputs ``(x, state)``: ``x`` a float32/float64 GPU array of any shape
     (the element index is the C-order index; strided views are copied to C
     order first), ``state`` the uint32 vector ``(key0, key1, counter_lo,
@@ -150,7 +153,7 @@ class GpuDropout(GpuOp):
     __props__ = ("p",)
 
     def __init__(self, p: float) -> None:
-        self.p = _check_p(p)
+        self.p = check_p(p)
 
     def make_node(self, x: Any, state: Any) -> Apply:
         x = as_gpu_variable(x, op="GpuDropout", role="x")
@@ -161,7 +164,7 @@ class GpuDropout(GpuOp):
         if _is_gpu(state):
             state = _gpu_state_var("GpuDropout", state, x.type.device)
         else:
-            state = _state_var("GpuDropout", state)
+            state = state_variable("GpuDropout", state)
         return Apply(self, [x, state], [x.type()])
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
@@ -170,7 +173,7 @@ class GpuDropout(GpuOp):
         if not on_device:
             state = np.asarray(state)
         # shape and dtype only: no device read for a GPU state
-        _check_state_value("GpuDropout", state)
+        check_state_value("GpuDropout", state)
         device = self.device_of(node)
         src = array.ascontiguous(x, device)
         out = array.empty(tuple(x.shape), x.dtype, device)
@@ -187,7 +190,7 @@ class GpuDropout(GpuOp):
             else:
                 key_and_counter = [
                     np.uint32(state[0]), np.uint32(state[1]),
-                    np.uint64(_counter(state)),
+                    np.uint64(state_counter(state)),
                 ]  # fmt: skip
             args = [
                 src, out, np.int64(n), *key_and_counter,
@@ -196,23 +199,11 @@ class GpuDropout(GpuOp):
             launch(fn, grid, _BLOCK, args, device)
         outputs[0][0] = out
 
-    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
-        return [input_shapes[0]]
-
-    def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        # the same state variable: its pre-update value, hence the same mask
-        x, state = inputs
-        g = as_gpu_cotangent(cotangents[0], self.device_of_var(x))
-        return [GpuDropout(self.p)(g, state), disconnected_type()]
-
     def __str__(self) -> str:
         return f"GpuDropout{{p={self.p}}}"
 
 
-class GpuDropoutAdvance(GpuOp):
+class GpuDropoutAdvance(DropoutAdvanceSkeleton, _GpuBase):
     """A GPU dropout state with its counter advanced by ``ceil(x.size / 4)``.
 
     Notes
@@ -241,7 +232,7 @@ class GpuDropoutAdvance(GpuOp):
 
     def perform(self, node: Apply, inputs: list[Any], outputs: list[list[Any]]) -> None:
         state, x = inputs
-        _check_state_value("GpuDropoutAdvance", state)
+        check_state_value("GpuDropoutAdvance", state)
         device = self.device_of(node)
         n = int(np.prod(x.shape, dtype=np.int64))
         out = array.empty((4,), np.uint32, device)
@@ -250,14 +241,10 @@ class GpuDropoutAdvance(GpuOp):
         launch(fn, 1, 1, args, device)
         outputs[0][0] = out
 
-    def _infer_shape(self, node: Apply, input_shapes: list[Any]) -> list[Any]:
-        return [(4,)]
 
-    def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[False], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        return [disconnected_type(), disconnected_type()]
+#: The GPU ops by role (their skeletons' ``family``).
+GPU_FAMILY = DropoutFamily(GpuDropout, GpuDropoutAdvance)
+_GpuBase.family = GPU_FAMILY
 
 
 @register_lift(Dropout)

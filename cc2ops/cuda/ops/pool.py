@@ -4,9 +4,11 @@
 ``GpuAvgPoolGrad`` compute what their host ops compute (same ``__props__``:
 ``size``, ``stride``, ``start``; the window rule of :mod:`cc2ops.shapes`) on
 bc01 arrays (B, C, H, W) of float32 or float64; c01b graphs reach them through
-the builders' dimshuffles. Their pullbacks and pushforwards mirror the host
-ops', building GPU ops, so the family stays closed under differentiation on
-the GPU. ``@register_lift`` rules move the host ops here in
+the builders' dimshuffles. Each shares its host op's skeleton
+(:class:`cc2ops.pool.MaxPoolSkeleton`, ...: shape rule, pullback,
+pushforward) and adds ``make_node`` and ``perform``; :data:`GPU_FAMILY` makes
+the skeletons build GPU ops, so the family stays closed under differentiation
+on the GPU. ``@register_lift`` rules move the host ops here in
 ``cc2ops.cuda.mode()``.
 
 Kernels (``kernels/pool.cu``) are specialised on the window, stride, start,
@@ -35,13 +37,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
-from pytensor.tensor.shape import Shape_i
 
-from cc2ops._op import FLOAT_DTYPES, int_tensor, is_disconnected
-from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops._op import FLOAT_DTYPES, same_dtype
+from cc2ops.cuda.op import GpuOp, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.compile import (
@@ -50,16 +49,21 @@ from cc2ops.cuda.runtime.compile import (
     register_namer,
     register_variants,
 )
-from cc2ops.cuda.transfer import as_gpu_cotangent
+from cc2ops.cuda.transfer import GpuGradients
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.pool import (
     AvgPool,
     AvgPoolGrad,
+    AvgPoolGradSkeleton,
+    AvgPoolSkeleton,
     MaxPool,
     MaxPoolGrad,
     MaxPoolGradGrad,
-    PoolGeometry,
-    _merge,
+    MaxPoolGradGradSkeleton,
+    MaxPoolGradSkeleton,
+    MaxPoolSkeleton,
+    PoolFamily,
+    image_hw_value,
 )
 from cc2ops.shapes import (
     pool_output_shape,
@@ -78,6 +82,7 @@ __all__ = [
     "avg_pool_forward",
     "avg_pool_grad",
     "pool_kernel_name",
+    "GPU_FAMILY",
 ]
 
 Pair = tuple[int, int]
@@ -482,14 +487,7 @@ def avg_pool_grad(
     the windows that hold it."""
     size, stride, start = pool_params(size, stride, start, op)
     _check_array(op, "output gradient", gy)
-    hw = np.asarray(image_hw)
-    if hw.dtype.kind not in "iu":
-        raise TypeError(f"{op}: image_hw must have an integer dtype, got {hw.dtype}")
-    if hw.shape != (2,):
-        raise ValueError(
-            f"{op}: image_hw must have 2 entries (H, W), got {hw.tolist()!r}"
-        )
-    h, w = int(hw[0]), int(hw[1])
+    h, w = image_hw_value(op, image_hw)
     b, c = int(gy.shape[0]), int(gy.shape[1])
     image = (b, c, h, w)
     pooled = _pooled(op, image, size, stride, start)
@@ -506,63 +504,30 @@ def avg_pool_grad(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: the skeletons of cc2ops.pool plus GPU make_node and perform
 # --------------------------------------------------------------------------
 
 
-def _gpu_images(op: str, role: str, x: Any) -> Variable:
-    """``x`` as a 4-d float GPU variable, else ``TypeError`` naming ``role``."""
-    x = as_gpu_variable(x, op=op, role=role)
-    if x.type.ndim != 4:
-        raise TypeError(f"{op}: {role} must have 4 dims {_BC01}, got {x.type.ndim}")
-    if x.type.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
-    return x
-
-
-def gpu_cotangent(g: Variable, dtype: str, device: int) -> Variable:
-    """A cotangent on ``device`` in ``dtype`` (disconnected/undefined ones pass).
-
-    Host cotangents of another dtype are cast on the host before the upload.
-    """
-    if isinstance(g.type, DisconnectedType) or not hasattr(g.type, "dtype"):
-        return as_gpu_cotangent(g, device)
-    if g.type.dtype != dtype:
-        from cc2ops.cuda.transfer import as_host
-
-        g = as_host(g).astype(dtype)
-    return as_gpu_cotangent(g, device)
-
-
-def _gpu_zeros_like(x: Variable) -> Variable:
-    return as_gpu_cotangent(pt.zeros_like(x), x.type.device)
-
-
-class _GpuPool(PoolGeometry, GpuOp):
-    """The GPU pooling ops' base: the host ops' :class:`~cc2ops.pool.PoolGeometry`
-    (parameters, validation, shape rules) plus the GPU op machinery."""
+class _GpuPool(GpuGradients, GpuOp):
+    """The GPU pooling ops' base: their props, the GPU gradient hooks and the
+    GPU op machinery (the rest is the host ops' skeletons)."""
 
     __props__ = ("size", "stride", "start")
 
 
-class GpuMaxPool(_GpuPool):
+class GpuMaxPool(MaxPoolSkeleton, _GpuPool):
     """Max pooling of GPU images: ``GpuMaxPool(size=...)(x) -> y``.
 
-    Parameters
-    ----------
-    size, stride, start : int or pair of int
-        As in :class:`cc2ops.pool.MaxPool` (stride defaults to size).
-
-    Notes
-    -----
-    ``x`` (B, C, H, W) float32/float64 GPU variable; ``y`` (B, C, Ho, Wo) on
-    the same device, windows clipped to the image, a NaN in a window makes
-    it NaN. Pullback :class:`GpuMaxPoolGrad`, pushforward
-    :class:`GpuMaxPoolGradGrad`.
+    :class:`cc2ops.pool.MaxPool` on the GPU: its parameters (``size``,
+    ``stride`` defaulting to ``size``, ``start``), shape rule and gradients
+    (:class:`~cc2ops.pool.MaxPoolSkeleton`). ``x`` (B, C, H, W)
+    float32/float64 GPU variable; ``y`` (B, C, Ho, Wo) on the same device,
+    windows clipped to the image, a NaN in a window makes it NaN. Pullback
+    :class:`GpuMaxPoolGrad`, pushforward :class:`GpuMaxPoolGradGrad`.
     """
 
     def make_node(self, x: Any) -> Apply:
-        x = _gpu_images(self._name, "images", x)
+        x = gpu_float_variable(self._name, "images", x, 4, _BC01)
         shape = self._static_pooled(x.type.shape)
         out = CudaArrayType(x.type.dtype, shape, x.type.device)()
         return Apply(self, [x], [out])
@@ -573,73 +538,28 @@ class GpuMaxPool(_GpuPool):
             x, **self._params(), device=self.device_of(node), op=self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (x,), (y,), (gy,) = inputs, outputs, cotangents
-        gy = gpu_cotangent(gy, x.type.dtype, x.type.device)
-        return [GpuMaxPoolGrad(**self._params())(x, y, gy)]
-
-    def pushforward(self, inputs, outputs, tangents):
-        (x,), (y,), (dx,) = inputs, outputs, tangents
-        if is_disconnected(dx):
-            return [disconnected_type()]
-        dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
-        return [GpuMaxPoolGradGrad(**self._params())(x, y, dx)]
-
 
 class _GpuMaxPoolBackward(_GpuPool):
-    """``op(x, y, t)`` with ``y`` the max-pooled ``x``; linear in ``t``."""
-
-    _t_role: str
-    _t_pooled: bool
-    _out_pooled: bool
+    """The GPU backward ops' ``make_node``: ``op(x, y, t)`` on one device."""
 
     def make_node(self, x: Any, y: Any, t: Any) -> Apply:
         op = self._name
-        x = _gpu_images(op, "images", x)
-        y = _gpu_images(op, "pooled output", y)
-        t = _gpu_images(op, self._t_role, t)
+        x = gpu_float_variable(op, "images", x, 4, _BC01)
+        y = gpu_float_variable(op, "pooled output", y, 4, _BC01)
+        t = gpu_float_variable(op, self._t_role, t, 4, _BC01)
         device = common_device(op, x, y, t)
-        dtypes = {"images": x.type.dtype, "pooled output": y.type.dtype}
-        dtypes[self._t_role] = t.type.dtype
-        if len(set(dtypes.values())) != 1:
-            got = ", ".join(f"{k} {v}" for k, v in dtypes.items())
-            raise TypeError(f"{op}: inputs must share one float dtype, got {got}")
-        pooled = self._static_pooled(x.type.shape)
-        self._check_static("pooled output", y.type.shape, pooled, x.type.shape)
-        if self._t_pooled:
-            self._check_static(self._t_role, t.type.shape, pooled, x.type.shape)
-            pooled = _merge(pooled, y.type.shape, t.type.shape)
-            image = x.type.shape
-        else:
-            if any(
-                g is not None and w is not None and g != w
-                for g, w in zip(t.type.shape, x.type.shape, strict=True)
-            ):
-                raise ValueError(
-                    f"{op}: {self._t_role} shape {t.type.shape} must equal the image "
-                    f"shape {x.type.shape}"
-                )
-            image = _merge(x.type.shape, t.type.shape)
-            pooled = _merge(pooled, y.type.shape)
-        shape = pooled if self._out_pooled else image
+        same_dtype(op, **{"images": x, "pooled output": y, self._t_role: t})
+        shape = self._backward_shape(x, y, t)
         out = CudaArrayType(x.type.dtype, shape, device)()
         return Apply(self, [x, y, t], [out])
 
 
-class GpuMaxPoolGrad(_GpuMaxPoolBackward):
+class GpuMaxPoolGrad(MaxPoolGradSkeleton, _GpuMaxPoolBackward):
     """Gradient of :class:`GpuMaxPool` wrt its images: ``(x, y, gy) -> gx``.
 
-    Parameters
-    ----------
-    size, stride, start : int or pair of int
-        As in :class:`GpuMaxPool`.
-
-    Notes
-    -----
-    ``x`` (B, C, H, W), ``y`` and ``gy`` (B, C, Ho, Wo), GPU, one dtype.
+    :class:`cc2ops.pool.MaxPoolGrad` on the GPU (parameters, shape rule and
+    gradients: :class:`~cc2ops.pool.MaxPoolGradSkeleton`). ``x``
+    (B, C, H, W), ``y`` and ``gy`` (B, C, Ho, Wo), GPU, one dtype.
     ``gx`` (B, C, H, W): each window's ``gy`` at the first pixel
     (row-major) equal to ``y``. Reuses the forward's ``y`` instead of
     recomputing the maxima; every input pixel gathers from the windows that
@@ -648,56 +568,24 @@ class GpuMaxPoolGrad(_GpuMaxPoolBackward):
     constant), as the host op.
     """
 
-    _t_role = "output gradient"
-    _t_pooled = True
-    _out_pooled = False
-
     def perform(self, node, inputs, output_storage):
         x, y, gy = inputs
         output_storage[0][0] = max_pool_grad(
             x, y, gy, **self._params(), device=self.device_of(node), op=self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, y, _ = inputs
-        ggx = gpu_cotangent(cotangents[0], x.type.dtype, x.type.device)
-        ggy = GpuMaxPoolGradGrad(**self._params())(x, y, ggx)
-        return [_gpu_zeros_like(x), _gpu_zeros_like(y), ggy]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, y, _ = inputs
-        dgy = tangents[2]
-        if is_disconnected(dgy):
-            if all(is_disconnected(t) for t in tangents):
-                return [disconnected_type()]
-            return [_gpu_zeros_like(outputs[0])]
-        dgy = gpu_cotangent(dgy, x.type.dtype, x.type.device)
-        return [GpuMaxPoolGrad(**self._params())(x, y, dgy)]
-
-
-class GpuMaxPoolGradGrad(_GpuMaxPoolBackward):
+class GpuMaxPoolGradGrad(MaxPoolGradGradSkeleton, _GpuMaxPoolBackward):
     """Adjoint of :class:`GpuMaxPoolGrad` in ``gy``: ``(x, y, ggx) -> ggy``.
 
-    Parameters
-    ----------
-    size, stride, start : int or pair of int
-        As in :class:`GpuMaxPool`.
-
-    Notes
-    -----
-    ``x`` and ``ggx`` (B, C, H, W), ``y`` (B, C, Ho, Wo), GPU, one dtype;
+    :class:`cc2ops.pool.MaxPoolGradGrad` on the GPU (parameters, shape rule
+    and gradients: :class:`~cc2ops.pool.MaxPoolGradGradSkeleton`). ``x`` and
+    ``ggx`` (B, C, H, W), ``y`` (B, C, Ho, Wo), GPU, one dtype;
     ``ggy`` (B, C, Ho, Wo) is ``ggx`` at each window's first maximum (0 where
     no pixel equals ``y``). One thread per window scans it in row-major
     order. Pullback wrt ``ggx`` :class:`GpuMaxPoolGrad`, wrt ``x``, ``y``
     zeros.
     """
-
-    _t_role = "input gradient"
-    _t_pooled = False
-    _out_pooled = True
 
     def perform(self, node, inputs, output_storage):
         x, y, ggx = inputs
@@ -705,52 +593,20 @@ class GpuMaxPoolGradGrad(_GpuMaxPoolBackward):
             x, y, ggx, **self._params(), device=self.device_of(node), op=self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, y, _ = inputs
-        g = gpu_cotangent(cotangents[0], x.type.dtype, x.type.device)
-        gx = GpuMaxPoolGrad(**self._params())(x, y, g)
-        return [_gpu_zeros_like(x), _gpu_zeros_like(y), gx]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, y, _ = inputs
-        dggx = tangents[2]
-        if is_disconnected(dggx):
-            if all(is_disconnected(t) for t in tangents):
-                return [disconnected_type()]
-            return [_gpu_zeros_like(outputs[0])]
-        dggx = gpu_cotangent(dggx, x.type.dtype, x.type.device)
-        return [GpuMaxPoolGradGrad(**self._params())(x, y, dggx)]
-
-
-def _hw_vector(x: Variable) -> Variable:
-    """(H, W) of GPU images as a host int64 vector (a constant when static)."""
-    h, w = x.type.shape[2:]
-    if h is not None and w is not None:
-        return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
-    return pt.stack([Shape_i(2)(x), Shape_i(3)(x)])
-
-
-class GpuAvgPool(_GpuPool):
+class GpuAvgPool(AvgPoolSkeleton, _GpuPool):
     """Average pooling of GPU images: ``GpuAvgPool(size=...)(x) -> y``.
 
-    Parameters
-    ----------
-    size, stride, start : int or pair of int
-        As in :class:`cc2ops.pool.AvgPool`.
-
-    Notes
-    -----
-    ``x`` (B, C, H, W) float32/float64 GPU variable; ``y`` (B, C, Ho, Wo).
-    Each window is clipped to the image and divided by its pixel count;
-    sums accumulate in the input dtype. Pullback :class:`GpuAvgPoolGrad`,
-    pushforward ``GpuAvgPool`` of the tangent.
+    :class:`cc2ops.pool.AvgPool` on the GPU (parameters, shape rule and
+    gradients: :class:`~cc2ops.pool.AvgPoolSkeleton`). ``x`` (B, C, H, W)
+    float32/float64 GPU variable; ``y`` (B, C, Ho, Wo). Each window is
+    clipped to the image and divided by its pixel count; sums accumulate in
+    the input dtype. Pullback :class:`GpuAvgPoolGrad`, pushforward
+    ``GpuAvgPool`` of the tangent.
     """
 
     def make_node(self, x: Any) -> Apply:
-        x = _gpu_images(self._name, "images", x)
+        x = gpu_float_variable(self._name, "images", x, 4, _BC01)
         shape = self._static_pooled(x.type.shape)
         out = CudaArrayType(x.type.dtype, shape, x.type.device)()
         return Apply(self, [x], [out])
@@ -761,33 +617,13 @@ class GpuAvgPool(_GpuPool):
             x, **self._params(), device=self.device_of(node), op=self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [self._symbolic_pooled(input_shapes[0])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        (x,), (gy,) = inputs, cotangents
-        gy = gpu_cotangent(gy, x.type.dtype, x.type.device)
-        return [GpuAvgPoolGrad(**self._params())(gy, _hw_vector(x))]
-
-    def pushforward(self, inputs, outputs, tangents):
-        (x,), (dx,) = inputs, tangents
-        if is_disconnected(dx):
-            return [disconnected_type()]
-        dx = gpu_cotangent(dx, x.type.dtype, x.type.device)
-        return [GpuAvgPool(**self._params())(dx)]
-
-
-class GpuAvgPoolGrad(_GpuPool):
+class GpuAvgPoolGrad(AvgPoolGradSkeleton, _GpuPool):
     """Gradient of :class:`GpuAvgPool`: ``(gy, image_hw) -> gx``.
 
-    Parameters
-    ----------
-    size, stride, start : int or pair of int
-        As in :class:`GpuAvgPool`.
-
-    Notes
-    -----
-    ``gy`` (B, C, Ho, Wo) float32/float64 GPU variable and ``image_hw`` a
+    :class:`cc2ops.pool.AvgPoolGrad` on the GPU (parameters, shape rule and
+    gradients: :class:`~cc2ops.pool.AvgPoolGradSkeleton`). ``gy``
+    (B, C, Ho, Wo) float32/float64 GPU variable and ``image_hw`` a
     host integer vector (H, W); ``gx`` (B, C, H, W). Each input pixel sums
     ``gy / count`` over the windows that hold it (gather, deterministic); the
     clipped counts are recomputed. Pullback wrt ``gy`` is ``GpuAvgPool`` of
@@ -795,15 +631,9 @@ class GpuAvgPoolGrad(_GpuPool):
     """
 
     def make_node(self, gy: Any, image_hw: Any) -> Apply:
-        from cc2ops.pool import _static_hw
-
         op = self._name
-        gy = _gpu_images(op, "output gradient", gy)
-        image_hw = int_tensor(op, "image_hw", image_hw, 1, "(H, W)")
-        length = image_hw.type.shape[0]
-        if length is not None and length != 2:
-            raise ValueError(f"{op}: image_hw must have 2 entries (H, W), got {length}")
-        h, w = _static_hw(image_hw)
+        gy = gpu_float_variable(op, "output gradient", gy, 4, _BC01)
+        image_hw, (h, w) = self._image_hw_input(image_hw)
         image = (gy.type.shape[0], gy.type.shape[1], h, w)
         self._check_static(
             "output gradient", gy.type.shape, self._static_pooled(image), image
@@ -817,34 +647,12 @@ class GpuAvgPoolGrad(_GpuPool):
             gy, image_hw, **self._params(), device=self.device_of(node), op=self._name
         )
 
-    def _infer_shape(self, node, input_shapes):
-        b, c = input_shapes[0][:2]
-        h, w = node.outputs[0].type.shape[2:]
-        hw = node.inputs[1]
-        return [
-            (
-                b,
-                c,
-                pt.cast(hw[0], "int64") if h is None else h,
-                pt.cast(hw[1], "int64") if w is None else w,
-            )
-        ]
 
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        gy, _ = inputs
-        g = gpu_cotangent(cotangents[0], gy.type.dtype, gy.type.device)
-        return [GpuAvgPool(**self._params())(g), disconnected_type()]
-
-    def pushforward(self, inputs, outputs, tangents):
-        gy, image_hw = inputs
-        dgy = tangents[0]
-        if is_disconnected(dgy):
-            return [disconnected_type()]
-        dgy = gpu_cotangent(dgy, gy.type.dtype, gy.type.device)
-        return [GpuAvgPoolGrad(**self._params())(dgy, image_hw)]
+#: The GPU pooling ops by role (their skeletons' ``family``).
+GPU_FAMILY = PoolFamily(
+    GpuMaxPool, GpuMaxPoolGrad, GpuMaxPoolGradGrad, GpuAvgPool, GpuAvgPoolGrad
+)
+_GpuPool.family = GPU_FAMILY
 
 
 # --------------------------------------------------------------------------

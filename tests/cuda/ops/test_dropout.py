@@ -73,6 +73,22 @@ def test_gpu_dropout_graph():
         GpuDropout(1.0)
 
 
+def test_gpu_dropout_pushforward_is_gpu_dropout_of_the_tangent():
+    """The host op's skeleton gives GpuDropout its pushforward (R_op): the same
+    mask, that is the same state variable, applied to the tangent on x's
+    device."""
+    x, t = gvar(), gvar(name="t")
+    s = dropout_state(2)
+    op = GpuDropout(0.3)
+    y = op(x, s)
+    (r,) = op.pushforward([x, s], [y], [t, pytensor.gradient.disconnected_type()])
+    assert r.type == x.type and r.owner.op == op
+    assert r.owner.inputs[0] is t and r.owner.inputs[1] is s
+    # a host tangent is moved to x's device first
+    (r,) = op.pushforward([x, s], [y], [h(t), pytensor.gradient.disconnected_type()])
+    assert r.owner.op == op and r.owner.inputs[0] is t
+
+
 def test_variants_render():
     names = {c["name"] for f, c in all_variants() if f == "dropout"}
     assert names == {

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from cc2ops.shapes import check_conv_shapes
 
-__all__ = ["ConvGeometry", "geometry_of", "plan_chunk"]
+__all__ = ["ConvGeometry", "geometry_of", "plan_chunk", "INT32_MAX"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class ConvGeometry:
     out_w: int
 
 
-_INT32 = 2**31 - 1
+#: The largest index a 32-bit signed kernel index holds (2**31 - 1).
+INT32_MAX = 2**31 - 1
 #: Row alignment (bytes) that plan_chunk gives the im2col GEMMs.
 _ALIGN_BYTES = 16
 
@@ -125,12 +126,12 @@ def plan_chunk(g: ConvGeometry, itemsize: int, budget_bytes: int) -> int:
         "outputs": g.filters * p,
     }
     worst = max(per_image, key=lambda k: per_image[k])
-    if per_image[worst] > _INT32:
+    if per_image[worst] > INT32_MAX:
         raise ValueError(
             f"conv im2col: one image needs {per_image[worst]} elements of {worst}, "
             f"above the 2^31 limit of the kernels ({g})"
         )
-    hard = min(g.batch, *(_INT32 // max(1, v) for v in per_image.values()))
+    hard = min(g.batch, *(INT32_MAX // max(1, v) for v in per_image.values()))
     nb = min(hard, max(1, int(budget_bytes) // max(1, per_image["columns"] * itemsize)))
     chunks = -(-g.batch // nb)
     nb = -(-g.batch // chunks)

@@ -68,32 +68,25 @@ from typing import Any
 
 import numpy as np
 import pytensor.scalar as ps
-import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.rewriting.basic import copy_stack_trace, in2out, node_rewriter
-from pytensor.tensor.shape import Shape_i
 
-from cc2ops._op import FLOAT_DTYPES
+from cc2ops._op import FLOAT_DTYPES, same_dtype
 from cc2ops.conv import (
+    ConvFamily,
+    ConvSkeleton,
     FilterActs,
+    FilterActsSkeleton,
     ImageActs,
+    ImageActsSkeleton,
     WeightActs,
-    _check_batch,
-    _check_filter_count,
-    _check_gradient_hw,
-    _hw_pair,
-    _hw_vector,
-    _image_acts_shape,
-    _params,
-    _static_pair,
-    _weight_acts_shape,
+    WeightActsSkeleton,
 )
-from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, common_device, gpu_float_variable
 from cc2ops.cuda.ops.conv import igemm as conv_igemm
 from cc2ops.cuda.ops.conv.fft import FftConv
 from cc2ops.cuda.ops.conv.geometry import (
-    _INT32,
+    INT32_MAX,
     ConvGeometry,
     geometry_of,
     plan_chunk,
@@ -107,10 +100,17 @@ from cc2ops.cuda.runtime.compile import (
     render,
 )
 from cc2ops.cuda.runtime.device import get_device
-from cc2ops.cuda.transfer import as_gpu_cotangent
+from cc2ops.cuda.transfer import GpuGradients
 from cc2ops.cuda.type import CudaArrayType
 from cc2ops.graph.db import gpu_inplace_db
-from cc2ops.shapes import check_conv_shapes, conv_output_length
+from cc2ops.shapes import (
+    check_conv_batch,
+    check_conv_filter_count,
+    check_conv_gradient_hw,
+    conv_params,
+    hw_value,
+    merge_static_shapes,
+)
 
 __all__ = [
     "ConvGeometry",
@@ -131,6 +131,7 @@ __all__ = [
     "im2col_kernel_name",
     "gpu_conv_accumulate",
     "local_gpu_conv_accumulate",
+    "GPU_FAMILY",
 ]
 
 
@@ -261,7 +262,7 @@ def _launch_flat(consts: dict[str, Any], n: int, args: list[Any], device: int) -
 
 
 def _u32(v: int) -> np.uint32:
-    if not 0 <= v <= _INT32:
+    if not 0 <= v <= INT32_MAX:
         raise ValueError(f"conv im2col: index count {v} outside [0, 2^31)")
     return np.uint32(v)
 
@@ -919,7 +920,7 @@ def filter_acts(
     GPUArray, shape (B, F, Ho, Wo)
     """
     op = "GpuFilterActs"
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     dtype = _check_arrays(op, images=x, filters=w)
     g = geometry_of(op, x.shape, w.shape, stride, padding, groups)
     prec = resolve_precision(dtype, precision)
@@ -974,14 +975,14 @@ def image_acts(
         0 where no filter tap reaches a pixel.
     """
     op = "GpuImageActs"
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     dtype = _check_arrays(op, gradient=dy, filters=w)
-    hw = _hw_pair(op, "image_hw", np.asarray(image_hw))
+    hw = hw_value(op, "image_hw", np.asarray(image_hw))
     b, f, ho, wo = (int(s) for s in dy.shape)
-    _check_filter_count(op, f, int(w.shape[0]))
+    check_conv_filter_count(op, f, int(w.shape[0]))
     g = geometry_of(op, (b, int(w.shape[1]) * groups, *hw), w.shape, stride, padding,
                     groups)  # fmt: skip
-    _check_gradient_hw(op, (ho, wo), hw, tuple(w.shape[2:]), stride, padding)
+    check_conv_gradient_hw(op, (ho, wo), hw, tuple(w.shape[2:]), stride, padding)
     prec = resolve_precision(dtype, precision)
     shape = (g.batch, g.channels, g.height, g.width)
     if acc is not None:
@@ -1034,14 +1035,14 @@ def weight_acts(
     GPUArray, shape (F, C/groups, kh, kw)
     """
     op = "GpuWeightActs"
-    stride, padding, groups = _params(op, stride, padding, groups)
+    stride, padding, groups = conv_params(stride, padding, groups, op)
     dtype = _check_arrays(op, images=x, gradient=dy)
-    khw = _hw_pair(op, "filter_hw", np.asarray(filter_hw))
-    _check_batch(op, int(x.shape[0]), int(dy.shape[0]))
+    khw = hw_value(op, "filter_hw", np.asarray(filter_hw))
+    check_conv_batch(op, int(x.shape[0]), int(dy.shape[0]))
     f = int(dy.shape[1])
     c = int(x.shape[1])
     g = geometry_of(op, x.shape, (f, c // groups, *khw), stride, padding, groups)
-    _check_gradient_hw(op, tuple(dy.shape[2:]), (g.height, g.width), khw, stride,
+    check_conv_gradient_hw(op, tuple(dy.shape[2:]), (g.height, g.width), khw, stride,
                        padding)  # fmt: skip
     prec = resolve_precision(dtype, precision)
     shape = (g.filters, g.channels // g.groups, g.kh, g.kw)
@@ -1062,37 +1063,12 @@ def weight_acts(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: the skeletons of cc2ops.conv plus GPU props, make_node and perform
 # --------------------------------------------------------------------------
 
 _IMAGES = "(B, C, H, W)"
 _FILTERS = "(F, C/groups, kh, kw)"
 _GRADIENT = "(B, F, Ho, Wo)"
-
-
-def _gpu4(op: str, role: str, x: Any, axes: str) -> Variable:
-    x = as_gpu_variable(x, op=op, role=role)
-    if x.type.ndim != 4:
-        raise TypeError(f"{op}: {role} must have 4 dims {axes}, got {x.type.ndim}")
-    if x.type.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
-    return x
-
-
-def _same_dtype(op: str, **named: Variable) -> str:
-    dtypes = {k: v.type.dtype for k, v in named.items()}
-    if len(set(dtypes.values())) != 1:
-        got = ", ".join(f"{k} {d}" for k, d in dtypes.items())
-        raise TypeError(f"{op}: inputs must share one float dtype, got {got}")
-    return next(iter(dtypes.values()))
-
-
-def _merge(*shapes: Sequence[int | None]) -> tuple[int | None, ...]:
-    out = []
-    for dims in zip(*shapes, strict=True):
-        known = [d for d in dims if d is not None]
-        out.append(known[0] if known else None)
-    return tuple(out)
 
 
 def _check_acc(op: str, acc: Variable, shape: tuple, dtype: str) -> tuple:
@@ -1103,43 +1079,12 @@ def _check_acc(op: str, acc: Variable, shape: tuple, dtype: str) -> tuple:
             raise ValueError(
                 f"{op}: acc has shape {acc.type.shape}, the result {tuple(shape)}"
             )
-    return _merge(acc.type.shape, shape)
+    return merge_static_shapes(acc.type.shape, shape)
 
 
-def _hw_of(x: Variable) -> Variable:
-    """(H, W) (or (kh, kw)) of a 4-d GPU variable as a host int64 vector."""
-    h, w = x.type.shape[2:]
-    if h is not None and w is not None:
-        return pt.as_tensor_variable(np.array([h, w], dtype="int64"))
-    return pt.stack([Shape_i(2)(x), Shape_i(3)(x)])
-
-
-def _cotangent(g: Variable, dtype: str, device: int) -> Variable:
-    """A cotangent on ``device`` in ``dtype`` (disconnected ones pass)."""
-    if isinstance(g.type, DisconnectedType) or not hasattr(g.type, "dtype"):
-        return as_gpu_cotangent(g, device)
-    if g.type.dtype != dtype:
-        from cc2ops.cuda.transfer import as_host
-
-        g = as_host(g).astype(dtype)
-    return as_gpu_cotangent(g, device)
-
-
-def _connected(t: Variable) -> bool:
-    return not isinstance(t.type, DisconnectedType)
-
-
-def _sum_terms(terms: Sequence[Variable]) -> Variable:
-    if not terms:
-        return disconnected_type()
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
-
-
-class _GpuConv(GpuOp):
-    """Parameters shared by the three GPU convolution ops."""
+class _GpuConv(ConvSkeleton, GpuGradients, GpuOp):
+    """The GPU convolution ops' base: the host parameters plus ``precision``,
+    the GPU gradient hooks and the GPU op machinery."""
 
     __props__ = ("stride", "padding", "groups", "precision")
 
@@ -1151,21 +1096,11 @@ class _GpuConv(GpuOp):
         groups: int = 1,
         precision: str | None = None,
     ) -> None:
-        name = type(self).__name__
-        self.stride, self.padding, self.groups = _params(name, stride, padding, groups)
-        self.precision = _check_precision_prop(name, precision)
+        super().__init__(stride=stride, padding=padding, groups=groups)
+        self.precision = _check_precision_prop(self._name, precision)
 
-    @property
-    def _name(self) -> str:
-        return type(self).__name__
-
-    def _family(self) -> dict[str, Any]:
-        return dict(
-            stride=self.stride,
-            padding=self.padding,
-            groups=self.groups,
-            precision=self.precision,
-        )
+    def _params(self) -> dict[str, Any]:
+        return dict(super()._params(), precision=self.precision)
 
 
 class _GpuConvGrad(_GpuConv):
@@ -1193,125 +1128,59 @@ class _GpuConvGrad(_GpuConv):
         if accumulate:
             self.destroy_map = {0: [3]}
 
-    def _nargs(self, args: tuple) -> None:
-        want = 4 if self.accumulate else 3
-        if len(args) != want:
-            extra = " (the accumulator acc last)" if self.accumulate else ""
-            raise TypeError(
-                f"{self._name}: takes {want} inputs{extra} with accumulate="
-                f"{self.accumulate}, got {len(args)}"
-            )
 
-    def connection_pattern(self, node):
-        pattern = [[True], [True], [False]]
-        if self.accumulate:
-            pattern.append([True])
-        return pattern
-
-
-class GpuFilterActs(_GpuConv):
+class GpuFilterActs(FilterActsSkeleton, _GpuConv):
     """Forward convolution of GPU images: ``GpuFilterActs(...)(x, w) -> y``.
 
-    Parameters
-    ----------
-    stride, padding, groups
-        As in :class:`cc2ops.conv.FilterActs`.
-    precision : {None, "fp32", "tf32"}
-        float32 only: ``None`` follows :func:`cc2ops.cuda.get_allow_tf32`
-        when the op runs.
-
-    Notes
-    -----
-    ``x`` (B, C, H, W) and ``w`` (F, C/groups, kh, kw), float32/float64 GPU
-    variables on one device; ``y`` (B, F, Ho, Wo). Runs :func:`filter_acts`
-    (the autotuned algorithm). Pullback ``GpuImageActs`` (x) and
-    ``GpuWeightActs`` (w).
+    :class:`cc2ops.conv.FilterActs` on the GPU (parameters ``stride``,
+    ``padding``, ``groups``, shape rule and gradients:
+    :class:`~cc2ops.conv.FilterActsSkeleton`) plus ``precision``
+    (``{None, "fp32", "tf32"}``, float32 only: ``None`` follows
+    :func:`cc2ops.cuda.get_allow_tf32` when the op runs). ``x`` (B, C, H, W)
+    and ``w`` (F, C/groups, kh, kw), float32/float64 GPU variables on one
+    device; ``y`` (B, F, Ho, Wo). Runs :func:`filter_acts` (the autotuned
+    algorithm). Pullback ``GpuImageActs`` (x) and ``GpuWeightActs`` (w).
     """
 
     def make_node(self, x: Any, w: Any) -> Apply:
         op = self._name
-        x = _gpu4(op, "images", x, _IMAGES)
-        w = _gpu4(op, "filters", w, _FILTERS)
+        x = gpu_float_variable(op, "images", x, 4, _IMAGES)
+        w = gpu_float_variable(op, "filters", w, 4, _FILTERS)
         device = common_device(op, x, w)
-        dtype = _same_dtype(op, images=x, filters=w)
-        shape = check_conv_shapes(
-            op, x.type.shape, w.type.shape, self.stride, self.padding, self.groups
-        )
+        dtype = same_dtype(op, images=x, filters=w)
+        shape = self._out_shape(x, w)
         return Apply(self, [x, w], [CudaArrayType(dtype, shape, device)()])
 
     def perform(self, node, inputs, output_storage):
         x, w = inputs
         output_storage[0][0] = filter_acts(
-            x, w, **self._family(), device=self.device_of(node)
+            x, w, **self._params(), device=self.device_of(node)
         )
 
-    def _infer_shape(self, node, input_shapes):
-        (b, _, h, wd), (f, _, kh, kw) = input_shapes
-        return [
-            (
-                b,
-                f,
-                conv_output_length(h, kh, self.stride[0], self.padding[0]),
-                conv_output_length(wd, kw, self.stride[1], self.padding[1]),
-            )
-        ]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, w = inputs
-        gy = _cotangent(cotangents[0], x.type.dtype, x.type.device)
-        gx = GpuImageActs(**self._family())(gy, w, _hw_of(x))
-        gw = GpuWeightActs(**self._family())(x, gy, _hw_of(w))
-        return [gx, gw]
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, w = inputs
-        tx, tw = tangents
-        terms = []
-        if _connected(tx):
-            terms.append(self(_cotangent(tx, x.type.dtype, x.type.device), w))
-        if _connected(tw):
-            terms.append(self(x, _cotangent(tw, w.type.dtype, w.type.device)))
-        return [_sum_terms(terms)]
-
-
-class GpuImageActs(_GpuConvGrad):
+class GpuImageActs(ImageActsSkeleton, _GpuConvGrad):
     """Gradient wrt the images on the GPU: ``(dy, w, image_hw[, acc]) -> dx``.
 
-    Parameters
-    ----------
-    stride, padding, groups, precision
-        As in :class:`GpuFilterActs`.
-    accumulate : bool
-        With ``True`` the op takes a fourth input ``acc`` (B, C, H, W) and
-        returns ``acc + dx`` in acc's buffer (``destroy_map``).
-
-    Notes
-    -----
-    ``dy`` (B, F, Ho, Wo) and ``w`` (F, C/groups, kh, kw) GPU variables of
-    one dtype and device, ``image_hw`` a host int vector (H, W); ``dx``
-    (B, C, H, W), 0 where no filter tap reaches. Runs :func:`image_acts`.
-    Pullback ``GpuFilterActs`` (dy), ``GpuWeightActs`` (w), the cotangent
-    itself (acc).
+    :class:`cc2ops.conv.ImageActs` on the GPU (shape rule and gradients:
+    :class:`~cc2ops.conv.ImageActsSkeleton`), parameters as
+    :class:`GpuFilterActs` plus ``accumulate``: with ``True`` the op takes a
+    fourth input ``acc`` (B, C, H, W) and returns ``acc + dx`` in acc's
+    buffer (``destroy_map``). ``dy`` (B, F, Ho, Wo) and ``w``
+    (F, C/groups, kh, kw) GPU variables of one dtype and device,
+    ``image_hw`` a host int vector (H, W); ``dx`` (B, C, H, W), 0 where no
+    filter tap reaches. Runs :func:`image_acts`. Pullback ``GpuFilterActs``
+    (dy), ``GpuWeightActs`` (w), the cotangent itself (acc).
     """
 
     def make_node(self, dy: Any, w: Any, image_hw: Any, *acc: Any) -> Apply:
         op = self._name
         self._nargs((dy, w, image_hw, *acc))
-        dy = _gpu4(op, "gradient", dy, _GRADIENT)
-        w = _gpu4(op, "filters", w, _FILTERS)
-        accs = [_gpu4(op, "acc", a, _IMAGES) for a in acc]
+        dy = gpu_float_variable(op, "gradient", dy, 4, _GRADIENT)
+        w = gpu_float_variable(op, "filters", w, 4, _FILTERS)
+        accs = [gpu_float_variable(op, "acc", a, 4, _IMAGES) for a in acc]
         device = common_device(op, dy, w, *accs)
-        dtype = _same_dtype(op, gradient=dy, filters=w)
-        image_hw = _hw_vector(op, "image_hw", image_hw, "(H, W)")
-        shape = _image_acts_shape(
-            op,
-            dy.type.shape,
-            w.type.shape,
-            _static_pair(image_hw),
-            self.stride,
-            self.padding,
-            self.groups,
-        )
+        dtype = same_dtype(op, gradient=dy, filters=w)
+        image_hw, shape = self._out_shape(dy, w, image_hw)
         if accs:
             shape = _check_acc(op, accs[0], shape, dtype)
         out = CudaArrayType(dtype, shape, device)()
@@ -1321,61 +1190,20 @@ class GpuImageActs(_GpuConvGrad):
         dy, w, image_hw = inputs[:3]
         acc = inputs[3] if self.accumulate else None
         output_storage[0][0] = image_acts(
-            dy, w, image_hw, **self._family(), device=self.device_of(node), acc=acc
+            dy, w, image_hw, **self._params(), device=self.device_of(node), acc=acc
         )
 
-    def _infer_shape(self, node, input_shapes):
-        if self.accumulate:
-            return [input_shapes[3]]
-        (b, _, _, _), (_, cg, _, _) = input_shapes[:2]
-        image_hw = node.inputs[2]
-        return [(b, cg * self.groups, image_hw[0], image_hw[1])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        dy, w = inputs[:2]
-        gdx = _cotangent(cotangents[0], dy.type.dtype, dy.type.device)
-        fam = self._family()
-        grads = [
-            GpuFilterActs(**fam)(gdx, w),
-            GpuWeightActs(**fam)(gdx, dy, _hw_of(w)),
-            disconnected_type(),
-        ]
-        if self.accumulate:
-            grads.append(gdx)
-        return grads
-
-    def pushforward(self, inputs, outputs, tangents):
-        dy, w, image_hw = inputs[:3]
-        tdy, tw = tangents[:2]
-        plain = GpuImageActs(**self._family())
-        terms = []
-        if _connected(tdy):
-            terms.append(plain(_cotangent(tdy, dy.type.dtype, dy.type.device), w,
-                               image_hw))  # fmt: skip
-        if _connected(tw):
-            terms.append(plain(dy, _cotangent(tw, w.type.dtype, w.type.device),
-                               image_hw))  # fmt: skip
-        if self.accumulate and _connected(tangents[3]):
-            terms.append(_cotangent(tangents[3], dy.type.dtype, dy.type.device))
-        return [_sum_terms(terms)]
-
-
-class GpuWeightActs(_GpuConvGrad):
+class GpuWeightActs(WeightActsSkeleton, _GpuConvGrad):
     """Gradient wrt the filters on the GPU: ``(x, dy, filter_hw[, acc]) -> dw``.
 
-    Parameters
-    ----------
-    stride, padding, groups, precision
-        As in :class:`GpuFilterActs`.
-    accumulate : bool
-        With ``True`` the op takes a fourth input ``acc`` (F, C/groups, kh, kw)
-        and returns ``acc + dw`` in acc's buffer (``destroy_map``; GEMM
-        ``beta = 1``, no extra pass).
-
-    Notes
-    -----
-    ``x`` (B, C, H, W) and ``dy`` (B, F, Ho, Wo) GPU variables of one dtype
-    and device, ``filter_hw`` a host int vector (kh, kw); ``dw``
+    :class:`cc2ops.conv.WeightActs` on the GPU (shape rule and gradients:
+    :class:`~cc2ops.conv.WeightActsSkeleton`), parameters as
+    :class:`GpuFilterActs` plus ``accumulate``: with ``True`` the op takes a
+    fourth input ``acc`` (F, C/groups, kh, kw) and returns ``acc + dw`` in
+    acc's buffer (``destroy_map``; GEMM ``beta = 1``, no extra pass). ``x``
+    (B, C, H, W) and ``dy`` (B, F, Ho, Wo) GPU variables of one dtype and
+    device, ``filter_hw`` a host int vector (kh, kw); ``dw``
     (F, C/groups, kh, kw). Runs :func:`weight_acts`. Pullback
     ``GpuImageActs`` (x), ``GpuFilterActs`` (dy), the cotangent itself (acc).
     """
@@ -1383,21 +1211,12 @@ class GpuWeightActs(_GpuConvGrad):
     def make_node(self, x: Any, dy: Any, filter_hw: Any, *acc: Any) -> Apply:
         op = self._name
         self._nargs((x, dy, filter_hw, *acc))
-        x = _gpu4(op, "images", x, _IMAGES)
-        dy = _gpu4(op, "gradient", dy, _GRADIENT)
-        accs = [_gpu4(op, "acc", a, _FILTERS) for a in acc]
+        x = gpu_float_variable(op, "images", x, 4, _IMAGES)
+        dy = gpu_float_variable(op, "gradient", dy, 4, _GRADIENT)
+        accs = [gpu_float_variable(op, "acc", a, 4, _FILTERS) for a in acc]
         device = common_device(op, x, dy, *accs)
-        dtype = _same_dtype(op, images=x, gradient=dy)
-        filter_hw = _hw_vector(op, "filter_hw", filter_hw, "(kh, kw)")
-        shape = _weight_acts_shape(
-            op,
-            x.type.shape,
-            dy.type.shape,
-            _static_pair(filter_hw),
-            self.stride,
-            self.padding,
-            self.groups,
-        )
+        dtype = same_dtype(op, images=x, gradient=dy)
+        filter_hw, shape = self._out_shape(x, dy, filter_hw)
         if accs:
             shape = _check_acc(op, accs[0], shape, dtype)
         out = CudaArrayType(dtype, shape, device)()
@@ -1407,43 +1226,13 @@ class GpuWeightActs(_GpuConvGrad):
         x, dy, filter_hw = inputs[:3]
         acc = inputs[3] if self.accumulate else None
         output_storage[0][0] = weight_acts(
-            x, dy, filter_hw, **self._family(), device=self.device_of(node), acc=acc
+            x, dy, filter_hw, **self._params(), device=self.device_of(node), acc=acc
         )
 
-    def _infer_shape(self, node, input_shapes):
-        if self.accumulate:
-            return [input_shapes[3]]
-        (_, c, _, _), (_, f, _, _) = input_shapes[:2]
-        filter_hw = node.inputs[2]
-        return [(f, c // self.groups, filter_hw[0], filter_hw[1])]
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, dy = inputs[:2]
-        gdw = _cotangent(cotangents[0], x.type.dtype, x.type.device)
-        fam = self._family()
-        grads = [
-            GpuImageActs(**fam)(dy, gdw, _hw_of(x)),
-            GpuFilterActs(**fam)(x, gdw),
-            disconnected_type(),
-        ]
-        if self.accumulate:
-            grads.append(gdw)
-        return grads
-
-    def pushforward(self, inputs, outputs, tangents):
-        x, dy, filter_hw = inputs[:3]
-        tx, tdy = tangents[:2]
-        plain = GpuWeightActs(**self._family())
-        terms = []
-        if _connected(tx):
-            terms.append(plain(_cotangent(tx, x.type.dtype, x.type.device), dy,
-                               filter_hw))  # fmt: skip
-        if _connected(tdy):
-            terms.append(plain(x, _cotangent(tdy, dy.type.dtype, dy.type.device),
-                               filter_hw))  # fmt: skip
-        if self.accumulate and _connected(tangents[3]):
-            terms.append(_cotangent(tangents[3], x.type.dtype, x.type.device))
-        return [_sum_terms(terms)]
+#: The GPU convolution ops by role (their skeletons' ``family``).
+GPU_FAMILY = ConvFamily(GpuFilterActs, GpuImageActs, GpuWeightActs)
+_GpuConv.family = GPU_FAMILY
 
 
 # --------------------------------------------------------------------------
@@ -1536,7 +1325,7 @@ def local_gpu_conv_accumulate(fgraph, node):
             for a, s in zip(acc.type.shape, old.type.shape, strict=True)
         ):
             continue
-        new_op = type(owner.op)(**owner.op._family(), accumulate=True)
+        new_op = type(owner.op)(**owner.op._params(), accumulate=True)
         try:
             new = new_op(*owner.inputs, acc)
         except (TypeError, ValueError):

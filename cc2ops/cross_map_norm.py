@@ -26,22 +26,23 @@ Public names: the builder :func:`cross_map_norm`, the ops
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor.gradient
 import pytensor.tensor as pt
-from pytensor.graph.basic import Apply
+from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.type import TensorType
 from pytensor.tensor.variable import TensorVariable
 
-from cc2ops._op import Cc2Op, float_tensor, same_dtype
+from cc2ops._op import Cc2Op, float_tensor, is_disconnected, same_dtype
 from cc2ops.layout import axes_doc, check_layout, images_from_bc01, images_to_bc01
 from cc2ops.shapes import (
-    check_cross_map_params,
+    cross_map_params,
     cross_map_transposed_window_bounds,
     cross_map_window_bounds,
+    merge_static_shapes,
 )
 
 __all__ = [
@@ -50,24 +51,15 @@ __all__ = [
     "CrossMapNormGrad",
     "cross_map_norm_reference",
     "cross_map_norm_grad_reference",
+    # the skeletons the host ops share with their GPU twins
+    "CrossMapNormFamily",
+    "HOST_FAMILY",
+    "CrossMapNormParams",
+    "CrossMapNormSkeleton",
+    "CrossMapNormGradSkeleton",
 ]
 
 _BC01 = "(B, C, H, W)"
-
-
-def _check_params(
-    op: str, size: Any, alpha: Any, beta: Any, k: Any, blocked: Any
-) -> tuple[int, float, float, float, bool]:
-    """Validate the parameters and return them as plain Python values."""
-    check_cross_map_params(op, size, alpha, beta, k)
-    if alpha < 0:
-        raise ValueError(
-            f"{op}: alpha must be >= 0 (with k > 0 that keeps the denominator "
-            f"positive for every input), got {alpha}"
-        )
-    if not isinstance(blocked, (bool, np.bool_)):
-        raise TypeError(f"{op}: blocked must be a bool, got {blocked!r}")
-    return int(size), float(alpha), float(beta), float(k), bool(blocked)
 
 
 # --------------------------------------------------------------------------
@@ -144,7 +136,7 @@ def cross_map_norm_reference(
     """
     op = "cross_map_norm_reference"
     x = _float_array(op, "x", x)
-    size, alpha, beta, k, blocked = _check_params(op, size, alpha, beta, k, blocked)
+    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
     d = _denominators(x, size, alpha, k, blocked)
     return x * d ** x.dtype.type(-beta)
 
@@ -193,7 +185,7 @@ def cross_map_norm_grad_reference(
             f"{op}: gy shape must equal x shape {_BC01}, got gy {gy.shape} and x "
             f"{x.shape}"
         )
-    size, alpha, beta, k, blocked = _check_params(op, size, alpha, beta, k, blocked)
+    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
     t = x.dtype.type
     d = _denominators(x, size, alpha, k, blocked)
     p = d ** t(-beta)
@@ -254,20 +246,33 @@ def _symbolic_forward(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: one skeleton per op, shared with the GPU ops
 # --------------------------------------------------------------------------
 
 
-def _static_shape(*shapes: tuple) -> tuple:
-    """Merge static shapes: each entry is the first known one."""
-    merged = []
-    for entries in zip(*shapes, strict=True):
-        merged.append(next((s for s in entries if s is not None), None))
-    return tuple(merged)
+class CrossMapNormFamily(NamedTuple):
+    """The cross-map normalisation op classes of one backend by role: a skeleton's
+    ``family`` (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on
+    the GPU)."""
+
+    norm: type
+    norm_grad: type
 
 
-class _CrossMapBase(Cc2Op):
-    __props__ = ("size", "alpha", "beta", "k", "blocked")
+class CrossMapNormParams:
+    """Parameters and shape rule of the two ops, host and GPU alike.
+
+    The base of the skeletons below, for op classes with ``__props__ =
+    ("size", "alpha", "beta", "k", "blocked")``. ``family`` is the op classes
+    of the op's backend (:class:`CrossMapNormFamily`).
+    """
+
+    size: int
+    alpha: float
+    beta: float
+    k: float
+    blocked: bool
+    family: ClassVar[CrossMapNormFamily]
 
     def __init__(
         self,
@@ -280,19 +285,84 @@ class _CrossMapBase(Cc2Op):
     ) -> None:
         # the parameters are fixed at construction, so they are checked here,
         # once, rather than in every make_node
-        self.size, self.alpha, self.beta, self.k, self.blocked = _check_params(
+        self.size, self.alpha, self.beta, self.k, self.blocked = cross_map_params(
             type(self).__name__, size, alpha, beta, k, blocked
         )
+        self._check_props()
 
-    @property
+    def _check_props(self) -> None:
+        """A backend's own limits on the parameters (the host has none)."""
+
     def _params(self) -> dict[str, Any]:
-        return {p: getattr(self, p) for p in self.__props__}
+        return dict(
+            size=self.size, alpha=self.alpha, beta=self.beta, k=self.k,
+            blocked=self.blocked,
+        )  # fmt: skip
 
     def _infer_shape(self, node, input_shapes):
         return [input_shapes[0]]
 
 
-class CrossMapNorm(_CrossMapBase):
+class CrossMapNormSkeleton(CrossMapNormParams):
+    """:class:`CrossMapNorm` and its GPU twin but for ``make_node``/``perform``.
+
+    ``(x) -> y``: the shape rule and the pullback (``family.norm_grad``).
+    """
+
+    def pullback(self, inputs, outputs, cotangents):
+        (x,) = inputs
+        gy = self._cotangent(cotangents[0], x)
+        return [self.family.norm_grad(**self._params())(x, gy)]
+
+
+class CrossMapNormGradSkeleton(CrossMapNormParams):
+    """:class:`CrossMapNormGrad` and its GPU twin but for ``make_node`` and
+    ``perform``.
+
+    ``(x, gy) -> gx``: the static-shape rule (:meth:`_grad_shape`), the shape
+    rule and the pullback (second derivatives): the forward written with
+    PyTensor ops and differentiated twice, on host views of the inputs
+    (``_host``), each result moved to its input's place (``_cotangent``).
+    """
+
+    def _grad_shape(self, x: Variable, gy: Variable) -> tuple:
+        """The output's static shape; ``gy`` must have ``x``'s shape."""
+        for xs, gs in zip(x.type.shape, gy.type.shape, strict=True):
+            if xs is not None and gs is not None and xs != gs:
+                raise ValueError(
+                    f"{type(self).__name__}: gy shape must equal x shape {_BC01}, "
+                    f"got gy {gy.type.shape} and x {x.type.shape}"
+                )
+        return merge_static_shapes(x.type.shape, gy.type.shape)
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, gy = inputs
+        ggx = cotangents[0]
+        if is_disconnected(ggx):
+            return [ggx, ggx]
+        hx, hgy, hggx = self._host(x), self._host(gy), self._host(ggx)
+        if hggx.type.dtype != hx.type.dtype:
+            hggx = pt.cast(hggx, hx.type.dtype)
+        # Differentiate with stand-ins for the inputs: gy is usually computed
+        # from x (gy = dL/dy(x)), and differentiating through that path here
+        # would count it twice once the caller's chain rule adds it again.
+        x_, gy_ = hx.type(), hgy.type()
+        y = _symbolic_forward(x_, **self._params())
+        gx = pytensor.gradient.pullback(y, x_, gy_, disconnected_inputs="ignore")
+        grads = pytensor.gradient.pullback(
+            gx, [x_, gy_], hggx, disconnected_inputs="ignore"
+        )
+        grads = graph_replace(grads, {x_: hx, gy_: hgy}, strict=False)
+        return [self._cotangent(g, x) for g in grads]
+
+
+class _CrossMapBase(Cc2Op):
+    """The host ops' base: their props and the host op machinery."""
+
+    __props__ = ("size", "alpha", "beta", "k", "blocked")
+
+
+class CrossMapNorm(CrossMapNormSkeleton, _CrossMapBase):
     """Cross-map response normalisation of bc01 images.
 
     ``CrossMapNorm(size=..., alpha=..., beta=..., k=..., blocked=...)(x)``
@@ -312,17 +382,10 @@ class CrossMapNorm(_CrossMapBase):
 
     def perform(self, node, inputs, output_storage):
         (x,) = inputs
-        output_storage[0][0] = cross_map_norm_reference(x, **self._params)
-
-    def pullback(self, inputs, outputs, cotangents):
-        (x,) = inputs
-        gy = cotangents[0]
-        if gy.type.dtype != x.type.dtype:
-            gy = pt.cast(gy, x.type.dtype)
-        return [CrossMapNormGrad(**self._params)(x, gy)]
+        output_storage[0][0] = cross_map_norm_reference(x, **self._params())
 
 
-class CrossMapNormGrad(_CrossMapBase):
+class CrossMapNormGrad(CrossMapNormGradSkeleton, _CrossMapBase):
     """Gradient of :class:`CrossMapNorm` with respect to its input.
 
     ``CrossMapNormGrad(size=..., alpha=..., beta=..., k=..., blocked=...)(x,
@@ -350,14 +413,7 @@ class CrossMapNormGrad(_CrossMapBase):
         x = float_tensor(op, "x", x, 4, _BC01)
         gy = float_tensor(op, "gy", gy, 4, _BC01)
         same_dtype(op, x=x, gy=gy)
-        for xs, gs in zip(x.type.shape, gy.type.shape, strict=True):
-            if xs is not None and gs is not None and xs != gs:
-                raise ValueError(
-                    f"{op}: gy shape must equal x shape {_BC01}, got gy "
-                    f"{gy.type.shape} and x {x.type.shape}"
-                )
-        shape = _static_shape(x.type.shape, gy.type.shape)
-        out = TensorType(x.type.dtype, shape=shape)()
+        out = TensorType(x.type.dtype, shape=self._grad_shape(x, gy))()
         return Apply(self, [x, gy], [out])
 
     def perform(self, node, inputs, output_storage):
@@ -367,23 +423,12 @@ class CrossMapNormGrad(_CrossMapBase):
                 f"CrossMapNormGrad: gy shape must equal x shape {_BC01}, got gy "
                 f"{gy.shape} and x {x.shape}"
             )
-        output_storage[0][0] = cross_map_norm_grad_reference(x, gy, **self._params)
+        output_storage[0][0] = cross_map_norm_grad_reference(x, gy, **self._params())
 
-    def pullback(self, inputs, outputs, cotangents):
-        x, gy = inputs
-        ggx = cotangents[0]
-        if ggx.type.dtype != x.type.dtype:
-            ggx = pt.cast(ggx, x.type.dtype)
-        # Differentiate with stand-ins for the inputs: gy is usually computed
-        # from x (gy = dL/dy(x)), and differentiating through that path here
-        # would count it twice once the caller's chain rule adds it again.
-        x_, gy_ = x.type(), gy.type()
-        y = _symbolic_forward(x_, **self._params)
-        gx = pytensor.gradient.pullback(y, x_, gy_, disconnected_inputs="ignore")
-        grads = pytensor.gradient.pullback(
-            gx, [x_, gy_], ggx, disconnected_inputs="ignore"
-        )
-        return graph_replace(grads, {x_: x, gy_: gy}, strict=False)
+
+#: The host ops by role (their skeletons' ``family``).
+HOST_FAMILY = CrossMapNormFamily(CrossMapNorm, CrossMapNormGrad)
+_CrossMapBase.family = HOST_FAMILY
 
 
 # --------------------------------------------------------------------------

@@ -424,5 +424,5 @@ extern "C" __global__ void ${name}(
     }
 }
 % else:
-#error "softmax_loss.cu: unknown kind ${kind}"
+#error "softmax_cross_entropy.cu: unknown kind ${kind}"
 % endif

@@ -1,6 +1,6 @@
 """Softmax cross-entropy, its gradient (and second derivatives), top-k error.
 
-The references here are written independently of :mod:`cc2ops.softmax_loss`:
+The references here are written independently of :mod:`cc2ops.softmax_cross_entropy`:
 explicit per-row loops in float64 with ``math.fsum`` for the normaliser, and
 a per-row count for the top-k rule.
 """
@@ -15,7 +15,7 @@ import pytensor.tensor as pt
 import pytest
 from helpers import TEST_MODE, check_op, expect_error, rng
 
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
     TopKError,

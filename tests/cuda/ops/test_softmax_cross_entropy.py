@@ -1,6 +1,6 @@
 """GPU softmax cross-entropy and top-k error: lifting, validation (CPU); values (GPU).
 
-GPU tests (``gpu`` marker) compare with :mod:`cc2ops.softmax_loss`'s
+GPU tests (``gpu`` marker) compare with :mod:`cc2ops.softmax_cross_entropy`'s
 references for K = 1, 7, 1000, 21841, labels 0 and K-1, soft targets, logits
 of magnitude 1e4, NaN-poisoned outputs (``CC2OPS_DEBUG=1``); labels outside
 ``[0, K)`` raise; ``verify_grad`` runs through the GPU ops in
@@ -28,16 +28,16 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda.ops import softmax_loss as gsl
-from cc2ops.cuda.ops.softmax_loss import (
+from cc2ops.cuda.ops import softmax_cross_entropy as gsl
+from cc2ops.cuda.ops.softmax_cross_entropy import (
     GpuSoftmaxCrossEntropy,
     GpuSoftmaxCrossEntropyGrad,
     GpuTopKError,
     block_size,
-    softmax_loss_kernel_name,
+    softmax_cross_entropy_kernel_name,
 )
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
     SoftmaxCrossEntropyGrad,
     TopKError,
@@ -169,13 +169,15 @@ def test_make_node_errors_and_shapes():
 
 
 def test_kernel_names_and_block_sizes():
-    name = softmax_loss_kernel_name("xent_fwd", "float32", False, "int64", 256, vec=4)
+    name = softmax_cross_entropy_kernel_name(
+        "xent_fwd", "float32", False, "int64", 256, vec=4
+    )
     assert name == "softmax_xent_fwd_i64_t256_v4_f32"
-    name = softmax_loss_kernel_name("xent_fwd", "float64", True, "int64", 1024)
+    name = softmax_cross_entropy_kernel_name("xent_fwd", "float64", True, "int64", 1024)
     assert name == "softmax_xent_fwd_soft_t1024_v1_f64"
-    name = softmax_loss_kernel_name("xent_grad", "float64", True, "int64", 32)
+    name = softmax_cross_entropy_kernel_name("xent_grad", "float64", True, "int64", 32)
     assert name == "softmax_xent_grad_soft_t32_f64"
-    assert softmax_loss_kernel_name("topk", "float32", False, "uint8", 64) == (
+    assert softmax_cross_entropy_kernel_name("topk", "float32", False, "uint8", 64) == (
         "top_k_error_u8_t64_f32"
     )
     assert [block_size(k) for k in (1, 7, 1000, 21841, 10**6)] == [
@@ -417,7 +419,7 @@ def test_verify_grad_through_gpu_ops():
 
 
 @pytest.mark.gpu
-def test_softmax_loss_sanitize():
+def test_softmax_cross_entropy_sanitize():
     """Small launches of every kernel kind (compute-sanitizer)."""
     run_case(3, 37, "float32", 2.0)
     run_case(2, 5, "float64", 1.0)

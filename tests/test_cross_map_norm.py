@@ -1,6 +1,6 @@
 """Cross-map response normalisation: forward, gradient, second derivatives.
 
-The references here are written independently of :mod:`cc2ops.response_norm`:
+The references here are written independently of :mod:`cc2ops.cross_map_norm`:
 explicit per-channel loops with window bounds computed in this file, a
 hand-computed example, and PyTorch's documented ``local_response_norm``
 formula written out in numpy.
@@ -19,7 +19,7 @@ from pytensor.compile.mode import Mode, get_mode
 from pytensor.graph.traversal import io_toposort
 
 import cc2ops
-from cc2ops.response_norm import (
+from cc2ops.cross_map_norm import (
     CrossMapNorm,
     CrossMapNormGrad,
     cross_map_norm,

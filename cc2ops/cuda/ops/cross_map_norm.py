@@ -1,15 +1,15 @@
 """Cross-map response normalisation on the GPU: the GPU ops of
-:mod:`cc2ops.response_norm`.
+:mod:`cc2ops.cross_map_norm`.
 
 ``GpuCrossMapNorm`` and ``GpuCrossMapNormGrad`` compute what
-:class:`~cc2ops.response_norm.CrossMapNorm` and
-:class:`~cc2ops.response_norm.CrossMapNormGrad` compute (same ``__props__``:
+:class:`~cc2ops.cross_map_norm.CrossMapNorm` and
+:class:`~cc2ops.cross_map_norm.CrossMapNormGrad` compute (same ``__props__``:
 ``size``, ``alpha``, ``beta``, ``k``, ``blocked``; the formula is in
-:mod:`cc2ops.response_norm`) on bc01 GPU arrays (B, C, H, W) of float32 or
+:mod:`cc2ops.cross_map_norm`) on bc01 GPU arrays (B, C, H, W) of float32 or
 float64, any C; c01b graphs reach them through the builder's dimshuffles.
 ``@register_lift`` rules move the host ops here in ``cc2ops.cuda.mode()``.
 
-Kernels (``kernels/response_norm.cu``): one thread per (b, h, w) column walks
+Kernels (``kernels/cross_map_norm.cu``): one thread per (b, h, w) column walks
 the channels with the last ``size`` inputs in registers, so each input is
 read once and each output written once; they are specialised on size,
 blocked, channel count and dtype (``cross_map_norm_fwd_n5_c64_f32``). The
@@ -28,11 +28,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 
-from cc2ops._op import FLOAT_DTYPES
-from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops._op import FLOAT_DTYPES, same_dtype
+from cc2ops.cross_map_norm import (
+    CrossMapNorm,
+    CrossMapNormFamily,
+    CrossMapNormGrad,
+    CrossMapNormGradSkeleton,
+    CrossMapNormParams,
+    CrossMapNormSkeleton,
+)
+from cc2ops.cuda.op import GpuOp, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.compile import (
@@ -41,9 +48,9 @@ from cc2ops.cuda.runtime.compile import (
     register_namer,
     register_variants,
 )
-from cc2ops.cuda.transfer import as_gpu_cotangent
+from cc2ops.cuda.transfer import GpuGradients
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.response_norm import CrossMapNorm, CrossMapNormGrad, _check_params
+from cc2ops.shapes import cross_map_params
 
 __all__ = [
     "MAX_SIZE",
@@ -52,6 +59,7 @@ __all__ = [
     "cross_map_norm_forward",
     "cross_map_norm_grad",
     "cross_map_norm_kernel_name",
+    "GPU_FAMILY",
 ]
 
 #: The largest window the kernels keep in registers.
@@ -66,7 +74,7 @@ _DT = {"float32": "f32", "float64": "f64"}
 # --------------------------------------------------------------------------
 
 
-@register_namer("response_norm")
+@register_namer("cross_map_norm")
 def cross_map_norm_kernel_name(
     kind: str,
     size: int,
@@ -119,8 +127,8 @@ def _consts(
     return c
 
 
-@register_variants("response_norm")
-def _response_norm_variants() -> list[dict[str, Any]]:
+@register_variants("cross_map_norm")
+def _cross_map_norm_variants() -> list[dict[str, Any]]:
     out = []
     for kind in ("fwd", "grad"):
         out.append(_consts(kind, 5, 64, False, "float32", False))
@@ -173,7 +181,7 @@ def _launch(
     if kind == "grad":
         scalars.append(t(2.0 * alpha * beta / size))
     fn = get_kernel(
-        "response_norm", device, **_consts(kind, size, c, blocked, dtype, wide)
+        "cross_map_norm", device, **_consts(kind, size, c, blocked, dtype, wide)
     )
     dev = get_device(device)
     threads = columns * -(-c // channel_chunk(c, blocked))
@@ -198,7 +206,7 @@ def cross_map_norm_forward(
     Launched on ``device``'s stream (asynchronous); ``x`` may be a strided
     view (made contiguous first).
     """
-    size, alpha, beta, k, blocked = _check_params(op, size, alpha, beta, k, blocked)
+    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
     _check_size(op, size)
     _check_array(op, "x", x)
     x = array.ascontiguous(x, device)
@@ -223,7 +231,7 @@ def cross_map_norm_grad(
     """Gradient of cross-map normalisation: GPUArrays ``x`` and ``gy``
     (B, C, H, W) give ``gx`` (B, C, H, W); the denominators are recomputed
     from ``x``."""
-    size, alpha, beta, k, blocked = _check_params(op, size, alpha, beta, k, blocked)
+    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
     _check_size(op, size)
     _check_array(op, "x", x)
     _check_array(op, "gy", gy)
@@ -245,56 +253,21 @@ def cross_map_norm_grad(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: the skeletons of cc2ops.cross_map_norm plus GPU make_node and perform
 # --------------------------------------------------------------------------
 
 
-def _gpu_x(op: str, role: str, x: Any) -> Variable:
-    x = as_gpu_variable(x, op=op, role=role)
-    if x.type.ndim != 4:
-        raise TypeError(f"{op}: {role} must have 4 dims {_BC01}, got {x.type.ndim}")
-    if x.type.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
-    return x
+class _GpuCrossMapBase(CrossMapNormParams, GpuGradients, GpuOp):
+    """The GPU ops' base: the host props (``size`` at most :data:`MAX_SIZE`),
+    the GPU gradient hooks and the GPU op machinery."""
 
-
-def _cotangent(g: Variable, dtype: str, device: int) -> Variable:
-    if isinstance(g.type, DisconnectedType) or not hasattr(g.type, "dtype"):
-        return as_gpu_cotangent(g, device)
-    if g.type.dtype != dtype:
-        from cc2ops.cuda.transfer import as_host
-
-        g = as_host(g).astype(dtype)
-    return as_gpu_cotangent(g, device)
-
-
-class _GpuCrossMapBase(GpuOp):
     __props__ = ("size", "alpha", "beta", "k", "blocked")
 
-    def __init__(
-        self,
-        *,
-        size: int = 5,
-        alpha: float = 1e-4,
-        beta: float = 0.75,
-        k: float = 2.0,
-        blocked: bool = False,
-    ) -> None:
-        name = type(self).__name__
-        self.size, self.alpha, self.beta, self.k, self.blocked = _check_params(
-            name, size, alpha, beta, k, blocked
-        )
-        _check_size(name, self.size)
-
-    @property
-    def _params(self) -> dict[str, Any]:
-        return {p: getattr(self, p) for p in self.__props__}
-
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]]
+    def _check_props(self) -> None:
+        _check_size(type(self).__name__, self.size)
 
 
-class GpuCrossMapNorm(_GpuCrossMapBase):
+class GpuCrossMapNorm(CrossMapNormSkeleton, _GpuCrossMapBase):
     """Cross-map response normalisation of GPU images (bc01).
 
     ``GpuCrossMapNorm(size=..., alpha=..., beta=..., k=..., blocked=...)(x)``:
@@ -303,28 +276,25 @@ class GpuCrossMapNorm(_GpuCrossMapBase):
 
     Notes
     -----
+    :class:`cc2ops.cross_map_norm.CrossMapNorm` on the GPU (parameters, shape
+    rule and gradient: :class:`~cc2ops.cross_map_norm.CrossMapNormSkeleton`);
     ``size`` must be <= :data:`MAX_SIZE` (the lifting rule leaves larger
     windows on the host). Sums of squares accumulate in the data's dtype.
     The gradient is :class:`GpuCrossMapNormGrad`.
     """
 
     def make_node(self, x: Any) -> Apply:
-        x = _gpu_x("GpuCrossMapNorm", "x", x)
+        x = gpu_float_variable("GpuCrossMapNorm", "x", x, 4, _BC01)
         return Apply(self, [x], [x.type()])
 
     def perform(self, node, inputs, output_storage):
         (x,) = inputs
         output_storage[0][0] = cross_map_norm_forward(
-            x, **self._params, device=self.device_of(node), op="GpuCrossMapNorm"
+            x, **self._params(), device=self.device_of(node), op="GpuCrossMapNorm"
         )
 
-    def pullback(self, inputs, outputs, cotangents):
-        (x,) = inputs
-        gy = _cotangent(cotangents[0], x.type.dtype, x.type.device)
-        return [GpuCrossMapNormGrad(**self._params)(x, gy)]
 
-
-class GpuCrossMapNormGrad(_GpuCrossMapBase):
+class GpuCrossMapNormGrad(CrossMapNormGradSkeleton, _GpuCrossMapBase):
     """Gradient of :class:`GpuCrossMapNorm` wrt its input: ``(x, gy) -> gx``.
 
     ``x`` and ``gy`` (B, C, H, W), one float dtype, one device; ``gx`` the
@@ -334,52 +304,36 @@ class GpuCrossMapNormGrad(_GpuCrossMapBase):
     -----
     Recomputes the denominators from ``x`` (reads ``x`` and ``gy`` once,
     writes ``gx`` once; nothing of the forward is reused). Its own pullback
-    (second derivatives) is the host op's: the forward written with PyTensor
-    ops and differentiated, on host views of the inputs, its results moved
-    to this device; ``cc2ops.cuda.mode()`` lifts that graph's elementwise
-    work back to the GPU.
+    (second derivatives) is the host op's
+    (:class:`~cc2ops.cross_map_norm.CrossMapNormGradSkeleton`): the forward
+    written with PyTensor ops and differentiated, on host views of the
+    inputs, its results moved to this device; ``cc2ops.cuda.mode()`` lifts
+    that graph's elementwise work back to the GPU.
     """
 
     def make_node(self, x: Any, gy: Any) -> Apply:
         op = "GpuCrossMapNormGrad"
-        x = _gpu_x(op, "x", x)
-        gy = _gpu_x(op, "gy", gy)
+        x = gpu_float_variable(op, "x", x, 4, _BC01)
+        gy = gpu_float_variable(op, "gy", gy, 4, _BC01)
         device = common_device(op, x, gy)
-        if x.type.dtype != gy.type.dtype:
-            raise TypeError(
-                f"{op}: inputs must share one float dtype, got x {x.type.dtype}, gy "
-                f"{gy.type.dtype}"
-            )
-        shape = []
-        for xs, gs in zip(x.type.shape, gy.type.shape, strict=True):
-            if xs is not None and gs is not None and xs != gs:
-                raise ValueError(
-                    f"{op}: gy shape must equal x shape {_BC01}, got gy "
-                    f"{gy.type.shape} and x {x.type.shape}"
-                )
-            shape.append(xs if xs is not None else gs)
-        out = CudaArrayType(x.type.dtype, tuple(shape), device)()
+        same_dtype(op, x=x, gy=gy)
+        out = CudaArrayType(x.type.dtype, self._grad_shape(x, gy), device)()
         return Apply(self, [x, gy], [out])
 
     def perform(self, node, inputs, output_storage):
         x, gy = inputs
         output_storage[0][0] = cross_map_norm_grad(
-            x, gy, **self._params, device=self.device_of(node), op="GpuCrossMapNormGrad"
+            x,
+            gy,
+            **self._params(),
+            device=self.device_of(node),
+            op="GpuCrossMapNormGrad",
         )
 
-    def pullback(self, inputs, outputs, cotangents):
-        from cc2ops.cuda.transfer import as_host
 
-        x, gy = inputs
-        device = x.type.device
-        ggx = cotangents[0]
-        if isinstance(ggx.type, DisconnectedType):
-            return [ggx, ggx]
-        hx, hgy = as_host(x), as_host(gy)
-        host_op = CrossMapNormGrad(**self._params)
-        out = host_op(hx, hgy)
-        grads = host_op.pullback([hx, hgy], [out], [as_host(ggx)])
-        return [_cotangent(g, x.type.dtype, device) for g in grads]
+#: The GPU ops by role (their skeletons' ``family``).
+GPU_FAMILY = CrossMapNormFamily(GpuCrossMapNorm, GpuCrossMapNormGrad)
+_GpuCrossMapBase.family = GPU_FAMILY
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """GPU cross-map normalisation: lifting, validation, shapes (CPU); values (GPU).
 
 GPU tests (``gpu`` marker) compare the kernels with
-:mod:`cc2ops.response_norm`'s references for sizes 1, 2, 3, 5, 7, blocked and
+:mod:`cc2ops.cross_map_norm`'s references for sizes 1, 2, 3, 5, 7, blocked and
 not, channel counts 1..64 (odd ones included), with NaN-poisoned outputs
 (``CC2OPS_DEBUG=1``), and run ``verify_grad`` through the GPU ops in
 ``cc2ops.cuda.mode()``.
@@ -24,21 +24,21 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 
 import cc2ops.cuda as cuda
-from cc2ops.cuda.ops import response_norm as grn
-from cc2ops.cuda.ops.response_norm import (
-    MAX_SIZE,
-    GpuCrossMapNorm,
-    GpuCrossMapNormGrad,
-    cross_map_norm_kernel_name,
-)
-from cc2ops.cuda.type import CudaArrayType
-from cc2ops.response_norm import (
+from cc2ops.cross_map_norm import (
     CrossMapNorm,
     CrossMapNormGrad,
     cross_map_norm,
     cross_map_norm_grad_reference,
     cross_map_norm_reference,
 )
+from cc2ops.cuda.ops import cross_map_norm as grn
+from cc2ops.cuda.ops.cross_map_norm import (
+    MAX_SIZE,
+    GpuCrossMapNorm,
+    GpuCrossMapNormGrad,
+    cross_map_norm_kernel_name,
+)
+from cc2ops.cuda.type import CudaArrayType
 
 close = functools.partial(gpu_close, tol32=2e-6)
 
@@ -160,7 +160,7 @@ def test_kernel_names():
 
 def _chunked_column(x, gy, size, alpha, beta, k, chunk):
     """One column's forward and gradient in the order of the chunked kernels
-    (``kernels/response_norm.cu``, overlapping windows): the forward's halo
+    (``kernels/cross_map_norm.cu``, overlapping windows): the forward's halo
     indexing, the gradient's register rings, slot arithmetic and halo steps,
     in float64."""
     c_total = len(x)
@@ -322,7 +322,7 @@ def test_verify_grad_through_gpu_ops(size, blocked):
 
 
 @pytest.mark.gpu
-def test_response_norm_sanitize():
+def test_cross_map_norm_sanitize():
     """Small launches of each kernel kind (compute-sanitizer)."""
     for blocked in (False, True):
         run_case(2, 7, 3, 5, dict(PARAMS, alpha=0.5, blocked=blocked), "float32")

@@ -209,5 +209,5 @@ extern "C" __global__ void ${name}(
     }
 }
 % else:
-#error "response_norm.cu: unknown kind ${kind}"
+#error "cross_map_norm.cu: unknown kind ${kind}"
 % endif

@@ -39,13 +39,13 @@ hand-written cross-entropy graphs into these ops.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor.gradient
 import pytensor.tensor as pt
 from pytensor.gradient import disconnected_type
-from pytensor.graph.basic import Apply
+from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.replace import graph_replace
 from pytensor.tensor.special import log_softmax, softmax
 from pytensor.tensor.type import TensorType
@@ -55,7 +55,7 @@ from cc2ops._op import (
     FLOAT_DTYPES,
     INT_DTYPES,
     Cc2Op,
-    _as_tensor,
+    as_tensor,
     float_tensor,
     is_disconnected,
     same_dtype,
@@ -71,6 +71,12 @@ __all__ = [
     "softmax_cross_entropy_reference",
     "softmax_cross_entropy_grad_reference",
     "top_k_error_reference",
+    # the skeletons the host ops share with their GPU twins
+    "SoftmaxCrossEntropyFamily",
+    "HOST_FAMILY",
+    "SoftmaxCrossEntropySkeleton",
+    "SoftmaxCrossEntropyGradSkeleton",
+    "TopKErrorSkeleton",
 ]
 
 _BK = "(B, K)"
@@ -286,109 +292,12 @@ def top_k_error_reference(logits: np.ndarray, labels: np.ndarray, k: int) -> np.
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: one skeleton per op, shared with the GPU ops
 # --------------------------------------------------------------------------
-
-
-def _targets(op: str, targets: Any, logits: TensorVariable) -> TensorVariable:
-    """Validated targets: integer labels (B,) or soft targets (B, K)."""
-    t = _as_tensor(op, "targets", targets)
-    dtype = t.type.dtype
-    if dtype in INT_DTYPES:
-        if t.type.ndim != 1:
-            raise TypeError(
-                f"{op}: integer targets (labels) must have 1 dim {_B}, got "
-                f"{t.type.ndim}"
-            )
-        expected = logits.type.shape[:1]
-        got = t.type.shape
-        what = "labels"
-    elif dtype in FLOAT_DTYPES:
-        if t.type.ndim != 2:
-            raise TypeError(
-                f"{op}: float targets (probabilities) must have 2 dims {_BK}, got "
-                f"{t.type.ndim}"
-            )
-        same_dtype(op, logits=logits, targets=t)
-        expected = logits.type.shape
-        got = t.type.shape
-        what = "soft targets"
-    else:
-        raise TypeError(
-            f"{op}: targets must be integer labels {_B} or float32/float64 "
-            f"probabilities {_BK}, got dtype {dtype}"
-        )
-    for e, s in zip(expected, got, strict=True):
-        if e is not None and s is not None and e != s:
-            raise ValueError(
-                f"{op}: {what} must match the logits {_BK} = {logits.type.shape}, "
-                f"got shape {t.type.shape}"
-            )
-    return t
-
-
-def _logits(op: str, logits: Any) -> TensorVariable:
-    x = float_tensor(op, "logits", logits, 2, _BK)
-    if x.type.shape[1] == 0:
-        raise ValueError(
-            f"{op}: logits must have at least one class (K >= 1), got shape "
-            f"{x.type.shape}"
-        )
-    return x
 
 
 def _is_soft(targets: TensorVariable) -> bool:
     return targets.type.dtype in FLOAT_DTYPES
-
-
-def _as_dtype(v: TensorVariable, dtype: str) -> TensorVariable:
-    return v if v.type.dtype == dtype else pt.cast(v, dtype)
-
-
-class SoftmaxCrossEntropy(Cc2Op):
-    """Per-example cross-entropy of softmax(logits) against targets.
-
-    ``SoftmaxCrossEntropy()(logits, targets)``: ``logits`` (B, K) float32 or
-    float64; ``targets`` integer labels (B,) or soft targets (B, K) of the
-    logits' dtype (which of the two is decided by the targets' dtype). Returns
-    the loss (B,) in the logits' dtype.
-
-    Notes
-    -----
-    Prefer the builder :func:`softmax_cross_entropy`. The gradient wrt the
-    logits is :class:`SoftmaxCrossEntropyGrad`; soft targets get
-    ``-log_softmax(logits) * g[:, None]``; integer labels are disconnected.
-    Labels outside ``[0, K)`` raise ``ValueError`` when the function runs.
-    """
-
-    __props__ = ()
-
-    def make_node(self, logits: Any, targets: Any) -> Apply:
-        x = _logits(_SCE, logits)
-        t = _targets(_SCE, targets, x)
-        out = TensorType(x.type.dtype, shape=x.type.shape[:1])()
-        return Apply(self, [x, t], [out])
-
-    def perform(self, node, inputs, output_storage):
-        x, t = inputs
-        output_storage[0][0] = softmax_cross_entropy_reference(x, t)
-
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0][:1]]
-
-    def connection_pattern(self, node):
-        return [[True], [_is_soft(node.inputs[1])]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, t = inputs
-        g = cotangents[0]
-        if is_disconnected(g):
-            return [disconnected_type(), disconnected_type()]
-        g = _as_dtype(g, x.type.dtype)
-        dx = SoftmaxCrossEntropyGrad()(g, x, t)
-        if not _is_soft(t):
-            return [dx, disconnected_type()]
-        return [dx, -log_softmax(x, axis=1) * g[:, None]]
 
 
 def _symbolic_grad(
@@ -408,7 +317,220 @@ def _symbolic_grad(
     return d * g[:, None]
 
 
-class SoftmaxCrossEntropyGrad(Cc2Op):
+class SoftmaxCrossEntropyFamily(NamedTuple):
+    """The softmax cross-entropy op classes of one backend by role: a skeleton's
+    ``family`` (:mod:`cc2ops._op`; :data:`HOST_FAMILY` here, ``GPU_FAMILY`` on
+    the GPU)."""
+
+    loss: type
+    loss_grad: type
+    top_k_error: type
+
+
+class _Skeleton:
+    """The input rules every op of the family shares, host and GPU alike.
+
+    Each takes a variable that the op's ``make_node`` already converted (a
+    host tensor or a GPU variable) and checks what does not depend on where
+    it lives.
+    """
+
+    family: ClassVar[SoftmaxCrossEntropyFamily]
+
+    @staticmethod
+    def _check_classes(op: str, x: Variable) -> Variable:
+        """Logits (B, K) with at least one class."""
+        if x.type.shape[1] == 0:
+            raise ValueError(
+                f"{op}: logits must have at least one class (K >= 1), got shape "
+                f"{x.type.shape}"
+            )
+        return x
+
+    @staticmethod
+    def _checked_targets(op: str, t: Variable, x: Variable) -> Variable:
+        """Integer labels (B,) or soft targets (B, K) of the logits' dtype."""
+        dtype = t.type.dtype
+        if dtype in INT_DTYPES:
+            if t.type.ndim != 1:
+                raise TypeError(
+                    f"{op}: integer targets (labels) must have 1 dim {_B}, got "
+                    f"{t.type.ndim}"
+                )
+            expected, what = x.type.shape[:1], "labels"
+        elif dtype in FLOAT_DTYPES:
+            if t.type.ndim != 2:
+                raise TypeError(
+                    f"{op}: float targets (probabilities) must have 2 dims {_BK}, "
+                    f"got {t.type.ndim}"
+                )
+            same_dtype(op, logits=x, targets=t)
+            expected, what = x.type.shape, "soft targets"
+        else:
+            raise TypeError(
+                f"{op}: targets must be integer labels {_B} or float32/float64 "
+                f"probabilities {_BK}, got dtype {dtype}"
+            )
+        for e, s in zip(expected, t.type.shape, strict=True):
+            if e is not None and s is not None and e != s:
+                raise ValueError(
+                    f"{op}: {what} must match the logits {_BK} = {x.type.shape}, "
+                    f"got shape {t.type.shape}"
+                )
+        return t
+
+    @staticmethod
+    def _rows(op: str, role: str, v: Variable, x: Variable) -> int | None:
+        """The static B of ``v`` (B,) and the logits (B, K), which must agree."""
+        b, vb = x.type.shape[0], v.type.shape[0]
+        if b is not None and vb is not None and b != vb:
+            raise ValueError(
+                f"{op}: {role} must have one entry per row of logits (B = {b}), "
+                f"got shape {v.type.shape}"
+            )
+        return b if b is not None else vb
+
+
+class SoftmaxCrossEntropySkeleton(_Skeleton):
+    """:class:`SoftmaxCrossEntropy` and its GPU twin but for ``make_node`` and
+    ``perform``.
+
+    ``(logits, targets) -> loss``: shape rule, connection pattern (labels are
+    disconnected) and pullback (``family.loss_grad`` wrt the logits,
+    ``-log_softmax(logits) * g[:, None]`` wrt soft targets, a PyTensor graph
+    on host views moved to the targets' place).
+    """
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0][:1]]
+
+    def connection_pattern(self, node):
+        return [[True], [_is_soft(node.inputs[1])]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, t = inputs
+        g = cotangents[0]
+        if is_disconnected(g):
+            return [disconnected_type(), disconnected_type()]
+        g = self._cotangent(g, x)
+        dx = self.family.loss_grad()(g, x, t)
+        if not _is_soft(t):
+            return [dx, disconnected_type()]
+        dt = -log_softmax(self._host(x), axis=1) * self._host(g)[:, None]
+        return [dx, self._on_device(dt, x)]
+
+
+class SoftmaxCrossEntropyGradSkeleton(_Skeleton):
+    """:class:`SoftmaxCrossEntropyGrad` and its GPU twin but for ``make_node``
+    and ``perform``.
+
+    ``(g, logits, targets) -> dlogits``: shape rule, connection pattern and
+    pullback (second derivatives): the formula written with PyTensor's
+    softmax and differentiated, on host views of the inputs (``_host``), each
+    result moved to its input's place (``_cotangent``).
+    """
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[1]]
+
+    def connection_pattern(self, node):
+        return [[True], [True], [_is_soft(node.inputs[2])]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        ggx = cotangents[0]
+        if is_disconnected(ggx):
+            return [disconnected_type()] * 3
+        g, x, t = (self._host(v) for v in inputs)
+        ggx = self._host(ggx)
+        if ggx.type.dtype != x.type.dtype:
+            ggx = pt.cast(ggx, x.type.dtype)
+        soft = _is_soft(t)
+        # Stand-ins for the inputs: g is usually computed from x (g = dL/dloss),
+        # and differentiating through that path here would count it twice once
+        # the caller's chain rule adds it again.
+        g_, x_ = g.type(), x.type()
+        t_ = t.type() if soft else t
+        wrt = [g_, x_, t_] if soft else [g_, x_]
+        grads = pytensor.gradient.pullback(
+            _symbolic_grad(g_, x_, t_), wrt, ggx, disconnected_inputs="ignore"
+        )
+        replace = {g_: g, x_: x}
+        if soft:
+            replace[t_] = t
+        grads = list(graph_replace(grads, replace, strict=False))
+        if not soft:
+            grads.append(disconnected_type())
+        # each cotangent takes its input's dtype and place (a disconnected one
+        # passes)
+        return [self._cotangent(gv, v) for gv, v in zip(grads, inputs, strict=True)]
+
+
+class TopKErrorSkeleton(_Skeleton):
+    """:class:`TopKError` and its GPU twin but for ``make_node`` and ``perform``.
+
+    ``(logits, labels) -> err``: the parameter ``k``, the labels rule
+    (:meth:`_check_labels`), the shape rule, connection pattern and the
+    pullback (zero wrt the logits: the function is piecewise constant).
+    """
+
+    def __init__(self, *, k: int = 1) -> None:
+        self.k = _check_k(_TOPK, k)
+
+    def _check_labels(self, op: str, y: Variable, x: Variable) -> int | None:
+        """Integer labels (B,), one per row of the logits; their static B."""
+        if y.type.dtype not in INT_DTYPES:
+            raise TypeError(
+                f"{op}: labels must have an integer dtype, got {y.type.dtype}"
+            )
+        if y.type.ndim != 1:
+            raise TypeError(f"{op}: labels must have 1 dim {_B}, got {y.type.ndim}")
+        return self._rows(op, "labels", y, x)
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0][:1]]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        x, _ = inputs
+        return [self._zeros_like(x), disconnected_type()]
+
+
+class _HostOp(Cc2Op):
+    """The host ops' base: the host op machinery (and no props but ``k``)."""
+
+    __props__ = ()
+
+
+class SoftmaxCrossEntropy(SoftmaxCrossEntropySkeleton, _HostOp):
+    """Per-example cross-entropy of softmax(logits) against targets.
+
+    ``SoftmaxCrossEntropy()(logits, targets)``: ``logits`` (B, K) float32 or
+    float64; ``targets`` integer labels (B,) or soft targets (B, K) of the
+    logits' dtype (which of the two is decided by the targets' dtype). Returns
+    the loss (B,) in the logits' dtype.
+
+    Notes
+    -----
+    Prefer the builder :func:`softmax_cross_entropy`. The gradient wrt the
+    logits is :class:`SoftmaxCrossEntropyGrad`; soft targets get
+    ``-log_softmax(logits) * g[:, None]``; integer labels are disconnected.
+    Labels outside ``[0, K)`` raise ``ValueError`` when the function runs.
+    """
+
+    def make_node(self, logits: Any, targets: Any) -> Apply:
+        x = self._check_classes(_SCE, float_tensor(_SCE, "logits", logits, 2, _BK))
+        t = self._checked_targets(_SCE, as_tensor(_SCE, "targets", targets), x)
+        out = TensorType(x.type.dtype, shape=x.type.shape[:1])()
+        return Apply(self, [x, t], [out])
+
+    def perform(self, node, inputs, output_storage):
+        x, t = inputs
+        output_storage[0][0] = softmax_cross_entropy_reference(x, t)
+
+
+class SoftmaxCrossEntropyGrad(SoftmaxCrossEntropyGradSkeleton, _HostOp):
     """Gradient of :class:`SoftmaxCrossEntropy` with respect to the logits.
 
     ``SoftmaxCrossEntropyGrad()(g, logits, targets)``: ``g`` (B,) the
@@ -428,59 +550,22 @@ class SoftmaxCrossEntropyGrad(Cc2Op):
     PyTensor's softmax, so derivatives of any order are available.
     """
 
-    __props__ = ()
-
     def make_node(self, g: Any, logits: Any, targets: Any) -> Apply:
-        x = _logits(_SCE_GRAD, logits)
-        g = float_tensor(_SCE_GRAD, "g", g, 1, _B)
-        same_dtype(_SCE_GRAD, g=g, logits=x)
-        b, gb = x.type.shape[0], g.type.shape[0]
-        if b is not None and gb is not None and b != gb:
-            raise ValueError(
-                f"{_SCE_GRAD}: g must have one entry per row of logits (B = {b}), "
-                f"got shape {g.type.shape}"
-            )
-        t = _targets(_SCE_GRAD, targets, x)
-        shape = (b if b is not None else gb, x.type.shape[1])
-        out = TensorType(x.type.dtype, shape=shape)()
+        op = _SCE_GRAD
+        x = self._check_classes(op, float_tensor(op, "logits", logits, 2, _BK))
+        g = float_tensor(op, "g", g, 1, _B)
+        same_dtype(op, g=g, logits=x)
+        b = self._rows(op, "g", g, x)
+        t = self._checked_targets(op, as_tensor(op, "targets", targets), x)
+        out = TensorType(x.type.dtype, shape=(b, x.type.shape[1]))()
         return Apply(self, [g, x, t], [out])
 
     def perform(self, node, inputs, output_storage):
         g, x, t = inputs
         output_storage[0][0] = softmax_cross_entropy_grad_reference(g, x, t)
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[1]]
 
-    def connection_pattern(self, node):
-        return [[True], [True], [_is_soft(node.inputs[2])]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        g, x, t = inputs
-        ggx = cotangents[0]
-        soft = _is_soft(t)
-        if is_disconnected(ggx):
-            return [disconnected_type()] * 3
-        ggx = _as_dtype(ggx, x.type.dtype)
-        # Stand-ins for the inputs: g is usually computed from x (g = dL/dloss),
-        # and differentiating through that path here would count it twice once
-        # the caller's chain rule adds it again.
-        g_, x_ = g.type(), x.type()
-        t_ = t.type() if soft else t
-        wrt = [g_, x_, t_] if soft else [g_, x_]
-        grads = pytensor.gradient.pullback(
-            _symbolic_grad(g_, x_, t_), wrt, ggx, disconnected_inputs="ignore"
-        )
-        replace = {g_: g, x_: x}
-        if soft:
-            replace[t_] = t
-        grads = list(graph_replace(grads, replace, strict=False))
-        if not soft:
-            grads.append(disconnected_type())
-        return grads
-
-
-class TopKError(Cc2Op):
+class TopKError(TopKErrorSkeleton, _HostOp):
     """Top-k classification error per example.
 
     ``TopKError(k=...)(logits, labels)``: ``logits`` (B, K) float32/float64,
@@ -499,40 +584,23 @@ class TopKError(Cc2Op):
 
     __props__ = ("k",)
 
-    def __init__(self, *, k: int = 1) -> None:
-        self.k = _check_k(_TOPK, k)
-
     def make_node(self, logits: Any, labels: Any) -> Apply:
-        x = _logits(_TOPK, logits)
-        y = _as_tensor(_TOPK, "labels", labels)
-        if y.type.dtype not in INT_DTYPES:
-            raise TypeError(
-                f"{_TOPK}: labels must have an integer dtype, got {y.type.dtype}"
-            )
-        if y.type.ndim != 1:
-            raise TypeError(f"{_TOPK}: labels must have 1 dim {_B}, got {y.type.ndim}")
-        b, yb = x.type.shape[0], y.type.shape[0]
-        if b is not None and yb is not None and b != yb:
-            raise ValueError(
-                f"{_TOPK}: labels must have one entry per row of logits (B = {b}), "
-                f"got shape {y.type.shape}"
-            )
-        out = TensorType(x.type.dtype, shape=(b if b is not None else yb,))()
+        x = self._check_classes(_TOPK, float_tensor(_TOPK, "logits", logits, 2, _BK))
+        y = as_tensor(_TOPK, "labels", labels)
+        b = self._check_labels(_TOPK, y, x)
+        out = TensorType(x.type.dtype, shape=(b,))()
         return Apply(self, [x, y], [out])
 
     def perform(self, node, inputs, output_storage):
         x, y = inputs
         output_storage[0][0] = top_k_error_reference(x, y, self.k)
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0][:1]]
 
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, _ = inputs
-        return [pt.zeros_like(x), disconnected_type()]
+#: The host ops by role (their skeletons' ``family``).
+HOST_FAMILY = SoftmaxCrossEntropyFamily(
+    SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad, TopKError
+)
+_HostOp.family = HOST_FAMILY
 
 
 # --------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Fused softmax cross-entropy, its gradient and the top-k error on the GPU.
 
 ``GpuSoftmaxCrossEntropy``, ``GpuSoftmaxCrossEntropyGrad`` and
-``GpuTopKError`` compute what the host ops of :mod:`cc2ops.softmax_loss`
+``GpuTopKError`` compute what the host ops of :mod:`cc2ops.softmax_cross_entropy`
 compute (same ``__props__``) on GPU arrays: logits (B, K) float32/float64,
 integer labels (B,) of any integer dtype or soft targets (B, K) of the
 logits' dtype. ``@register_lift`` rules move the host ops here in
 ``cc2ops.cuda.mode()``.
 
-Kernels (``kernels/softmax_loss.cu``): an online logsumexp over each row
+Kernels (``kernels/softmax_cross_entropy.cu``): an online logsumexp over each row
 (the logits are read once by the forward), warp shuffles and one
 shared-memory step to combine, any K (tested to 21841). They are
 specialised on dtype, target kind (label dtype or soft), block size and, for
@@ -47,13 +47,10 @@ import threading
 from typing import Any
 
 import numpy as np
-import pytensor.tensor as pt
-from pytensor.gradient import disconnected_type
 from pytensor.graph.basic import Apply, Variable
-from pytensor.tensor.special import log_softmax
 
-from cc2ops._op import FLOAT_DTYPES, INT_DTYPES, is_disconnected
-from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops._op import FLOAT_DTYPES
+from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.availability import driver
@@ -64,12 +61,16 @@ from cc2ops.cuda.runtime.compile import (
     register_variants,
 )
 from cc2ops.cuda.runtime.device import get_device, register_shutdown_hook
-from cc2ops.cuda.transfer import as_gpu_cotangent
+from cc2ops.cuda.transfer import GpuGradients
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.softmax_loss import (
+from cc2ops.softmax_cross_entropy import (
     SoftmaxCrossEntropy,
+    SoftmaxCrossEntropyFamily,
     SoftmaxCrossEntropyGrad,
+    SoftmaxCrossEntropyGradSkeleton,
+    SoftmaxCrossEntropySkeleton,
     TopKError,
+    TopKErrorSkeleton,
 )
 
 __all__ = [
@@ -79,7 +80,7 @@ __all__ = [
     "softmax_cross_entropy_forward",
     "softmax_cross_entropy_grad",
     "top_k_error",
-    "softmax_loss_kernel_name",
+    "softmax_cross_entropy_kernel_name",
     "block_size",
     "forward_splits",
     "forward_vector_width",
@@ -88,6 +89,7 @@ __all__ = [
     "MAX_SPLITS",
     "new_label_flag",
     "check_label_flag",
+    "GPU_FAMILY",
 ]
 
 _BK = "(B, K)"
@@ -116,8 +118,8 @@ MAX_SPLITS = 4096
 # --------------------------------------------------------------------------
 
 
-@register_namer("softmax_loss")
-def softmax_loss_kernel_name(
+@register_namer("softmax_cross_entropy")
+def softmax_cross_entropy_kernel_name(
     kind: str,
     dtype: str,
     soft: bool,
@@ -156,14 +158,14 @@ def _consts(
         block=int(block),
         vec=int(vec),
     )
-    c["name"] = softmax_loss_kernel_name(**c)
+    c["name"] = softmax_cross_entropy_kernel_name(**c)
     c["ltype"] = LABEL_CTYPES[c["label"]]
     del c["label"]
     return c
 
 
-@register_variants("softmax_loss")
-def _softmax_loss_variants() -> list[dict[str, Any]]:
+@register_variants("softmax_cross_entropy")
+def _softmax_cross_entropy_variants() -> list[dict[str, Any]]:
     return [
         _consts("xent_fwd", "float32", False, "int64", 1024, 4),
         _consts("xent_fwd", "float32", False, "int64", SPLIT_BLOCK, 4),
@@ -413,7 +415,7 @@ def _kernel(
     consts = _consts(kind, str(x.dtype), soft, label, block, vec)
     # 1024 threads per block fit the register file only with <= 64 registers
     options = ("-maxrregcount=64",) if block > 512 else ()
-    return get_kernel("softmax_loss", device, options=options, **consts)
+    return get_kernel("softmax_cross_entropy", device, options=options, **consts)
 
 
 def _run(
@@ -581,79 +583,29 @@ def top_k_error(
 
 
 # --------------------------------------------------------------------------
-# ops
+# ops: the skeletons of cc2ops.softmax_cross_entropy plus GPU make_node and
+# perform
 # --------------------------------------------------------------------------
 
 
 def _gpu_logits(op: str, x: Any) -> Variable:
-    x = as_gpu_variable(x, op=op, role="logits")
-    if x.type.ndim != 2:
-        raise TypeError(f"{op}: logits must have 2 dims {_BK}, got {x.type.ndim}")
-    if x.type.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: logits must be float32 or float64, got {x.type.dtype}")
-    if x.type.shape[1] == 0:
-        raise ValueError(
-            f"{op}: logits must have at least one class (K >= 1), got shape "
-            f"{x.type.shape}"
-        )
-    return x
+    x = gpu_float_variable(op, "logits", x, 2, _BK)
+    return SoftmaxCrossEntropySkeleton._check_classes(op, x)
 
 
 def _gpu_targets(op: str, t: Any, x: Variable) -> Variable:
     t = as_gpu_variable(t, op=op, role="targets")
-    dtype = t.type.dtype
-    if dtype in INT_DTYPES:
-        if t.type.ndim != 1:
-            raise TypeError(
-                f"{op}: integer targets (labels) must have 1 dim {_B}, got "
-                f"{t.type.ndim}"
-            )
-        expected, what = x.type.shape[:1], "labels"
-    elif dtype in FLOAT_DTYPES:
-        if t.type.ndim != 2:
-            raise TypeError(
-                f"{op}: float targets (probabilities) must have 2 dims {_BK}, got "
-                f"{t.type.ndim}"
-            )
-        if dtype != x.type.dtype:
-            raise TypeError(
-                f"{op}: inputs must share one float dtype, got logits "
-                f"{x.type.dtype}, targets {dtype}"
-            )
-        expected, what = x.type.shape, "soft targets"
-    else:
-        raise TypeError(
-            f"{op}: targets must be integer labels {_B} or float32/float64 "
-            f"probabilities {_BK}, got dtype {dtype}"
-        )
-    for e, s in zip(expected, t.type.shape, strict=True):
-        if e is not None and s is not None and e != s:
-            raise ValueError(
-                f"{op}: {what} must match the logits {_BK} = {x.type.shape}, got "
-                f"shape {t.type.shape}"
-            )
-    return t
+    return SoftmaxCrossEntropySkeleton._checked_targets(op, t, x)
 
 
-def _is_soft(t: Variable) -> bool:
-    return t.type.dtype in FLOAT_DTYPES
+class _GpuBase(GpuGradients, GpuOp):
+    """The GPU ops' base: the GPU gradient hooks and op machinery (no props
+    but ``k``)."""
+
+    __props__ = ()
 
 
-def _cotangent(g: Variable, dtype: str, device: int) -> Variable:
-    if is_disconnected(g) or not hasattr(g.type, "dtype"):
-        return as_gpu_cotangent(g, device)
-    if g.type.dtype != dtype:
-        from cc2ops.cuda.transfer import as_host
-
-        g = as_host(g).astype(dtype)
-    return as_gpu_cotangent(g, device)
-
-
-def _out(dtype: str, shape: tuple, device: int) -> Variable:
-    return CudaArrayType(dtype, shape, device)()
-
-
-class GpuSoftmaxCrossEntropy(GpuOp):
+class GpuSoftmaxCrossEntropy(SoftmaxCrossEntropySkeleton, _GpuBase):
     """Per-example softmax cross-entropy on the GPU: ``(logits, targets) -> loss``.
 
     ``logits`` (B, K) float32/float64; ``targets`` integer labels (B,) or
@@ -662,24 +614,26 @@ class GpuSoftmaxCrossEntropy(GpuOp):
 
     Notes
     -----
-    A label outside ``[0, K)`` raises ``ValueError`` when the function runs
+    :class:`cc2ops.softmax_cross_entropy.SoftmaxCrossEntropy` on the GPU
+    (shape rule and gradients:
+    :class:`~cc2ops.softmax_cross_entropy.SoftmaxCrossEntropySkeleton`). A
+    label outside ``[0, K)`` raises ``ValueError`` when the function runs
     (the op reads a 4-byte error flag back, synchronising its stream once per
     call). Long rows are spread over several blocks when the batch alone
     would not fill the device (:func:`softmax_cross_entropy_forward`); the
     loss is deterministic either way. Pullback wrt the logits
-    :class:`GpuSoftmaxCrossEntropyGrad`; soft
-    targets get ``-log_softmax(logits) * g[:, None]`` (a host graph that the
-    GPU mode lifts); labels are disconnected.
+    :class:`GpuSoftmaxCrossEntropyGrad`; soft targets get
+    ``-log_softmax(logits) * g[:, None]`` (a host graph that the GPU mode
+    lifts); labels are disconnected.
     """
-
-    __props__ = ()
 
     def make_node(self, logits: Any, targets: Any) -> Apply:
         op = "GpuSoftmaxCrossEntropy"
         x = _gpu_logits(op, logits)
         t = _gpu_targets(op, targets, x)
         device = common_device(op, x, t)
-        return Apply(self, [x, t], [_out(x.type.dtype, x.type.shape[:1], device)])
+        out = CudaArrayType(x.type.dtype, x.type.shape[:1], device)()
+        return Apply(self, [x, t], [out])
 
     def perform(self, node, inputs, output_storage):
         x, t = inputs
@@ -687,29 +641,8 @@ class GpuSoftmaxCrossEntropy(GpuOp):
             x, t, device=self.device_of(node)
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0][:1]]
 
-    def connection_pattern(self, node):
-        return [[True], [_is_soft(node.inputs[1])]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        from cc2ops.cuda.transfer import as_host
-
-        x, t = inputs
-        g = cotangents[0]
-        if is_disconnected(g):
-            return [disconnected_type(), disconnected_type()]
-        device = x.type.device
-        g = _cotangent(g, x.type.dtype, device)
-        dx = GpuSoftmaxCrossEntropyGrad()(g, x, t)
-        if not _is_soft(t):
-            return [dx, disconnected_type()]
-        dt = -log_softmax(as_host(x), axis=1) * as_host(g)[:, None]
-        return [dx, as_gpu_cotangent(dt, device)]
-
-
-class GpuSoftmaxCrossEntropyGrad(GpuOp):
+class GpuSoftmaxCrossEntropyGrad(SoftmaxCrossEntropyGradSkeleton, _GpuBase):
     """Gradient of :class:`GpuSoftmaxCrossEntropy` wrt the logits.
 
     ``(g, logits, targets) -> dlogits``: ``g`` (B,), ``logits`` (B, K),
@@ -720,11 +653,11 @@ class GpuSoftmaxCrossEntropyGrad(GpuOp):
     -----
     One fused kernel recomputes the row max and sum from the logits and
     writes the gradient; bad labels raise as in the forward. Its own
-    pullback is the host op's (the formula written with PyTensor's softmax,
-    differentiated on host views of the inputs), moved to this device.
+    pullback is the host op's
+    (:class:`~cc2ops.softmax_cross_entropy.SoftmaxCrossEntropyGradSkeleton`:
+    the formula written with PyTensor's softmax, differentiated on host views
+    of the inputs), moved to this device.
     """
-
-    __props__ = ()
 
     def make_node(self, g: Any, logits: Any, targets: Any) -> Apply:
         op = "GpuSoftmaxCrossEntropyGrad"
@@ -737,16 +670,11 @@ class GpuSoftmaxCrossEntropyGrad(GpuOp):
                 f"{op}: inputs must share one float dtype, got g {g.type.dtype}, "
                 f"logits {x.type.dtype}"
             )
-        b, gb = x.type.shape[0], g.type.shape[0]
-        if b is not None and gb is not None and b != gb:
-            raise ValueError(
-                f"{op}: g must have one entry per row of logits (B = {b}), got "
-                f"shape {g.type.shape}"
-            )
+        b = self._rows(op, "g", g, x)
         t = _gpu_targets(op, targets, x)
         device = common_device(op, g, x, t)
-        shape = (b if b is not None else gb, x.type.shape[1])
-        return Apply(self, [g, x, t], [_out(x.type.dtype, shape, device)])
+        out = CudaArrayType(x.type.dtype, (b, x.type.shape[1]), device)()
+        return Apply(self, [g, x, t], [out])
 
     def perform(self, node, inputs, output_storage):
         g, x, t = inputs
@@ -754,84 +682,40 @@ class GpuSoftmaxCrossEntropyGrad(GpuOp):
             g, x, t, device=self.device_of(node)
         )
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[1]]
 
-    def connection_pattern(self, node):
-        return [[True], [True], [_is_soft(node.inputs[2])]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        from cc2ops.cuda.transfer import as_host
-
-        g, x, t = inputs
-        ggx = cotangents[0]
-        if is_disconnected(ggx):
-            return [disconnected_type()] * 3
-        device = x.type.device
-        host = [as_host(v) for v in inputs]
-        host_op = SoftmaxCrossEntropyGrad()
-        grads = host_op.pullback(host, [host_op(*host)], [as_host(ggx)])
-        # each cotangent takes its input's dtype (a disconnected one passes)
-        return [
-            _cotangent(gv, inp.type.dtype, device)
-            for gv, inp in zip(grads, inputs, strict=True)
-        ]
-
-
-class GpuTopKError(GpuOp):
+class GpuTopKError(TopKErrorSkeleton, _GpuBase):
     """Top-k error per example on the GPU: ``(logits, labels) -> err`` (B,).
 
-    Parameters
-    ----------
-    k : int, >= 1
-
-    Notes
-    -----
-    ``logits`` (B, K) float32/float64, ``labels`` integer (B,), same device;
-    ``err`` is 1.0 where at least ``k`` logits are strictly greater than the
-    true class's (ties count for the true class, as in the host op), else
-    0.0. Bad labels raise ``ValueError`` at run time. Gradient zero wrt the
+    :class:`cc2ops.softmax_cross_entropy.TopKError` on the GPU (parameter
+    ``k >= 1``, shape rule and gradient:
+    :class:`~cc2ops.softmax_cross_entropy.TopKErrorSkeleton`). ``logits``
+    (B, K) float32/float64, ``labels`` integer (B,), same device; ``err`` is
+    1.0 where at least ``k`` logits are strictly greater than the true
+    class's (ties count for the true class, as in the host op), else 0.0.
+    Bad labels raise ``ValueError`` at run time. Gradient zero wrt the
     logits; the labels are disconnected.
     """
 
     __props__ = ("k",)
 
-    def __init__(self, *, k: int = 1) -> None:
-        self.k = TopKError(k=k).k
-
     def make_node(self, logits: Any, labels: Any) -> Apply:
         op = "GpuTopKError"
         x = _gpu_logits(op, logits)
         y = as_gpu_variable(labels, op=op, role="labels")
-        if y.type.dtype not in INT_DTYPES:
-            raise TypeError(
-                f"{op}: labels must have an integer dtype, got {y.type.dtype}"
-            )
-        if y.type.ndim != 1:
-            raise TypeError(f"{op}: labels must have 1 dim {_B}, got {y.type.ndim}")
-        b, yb = x.type.shape[0], y.type.shape[0]
-        if b is not None and yb is not None and b != yb:
-            raise ValueError(
-                f"{op}: labels must have one entry per row of logits (B = {b}), "
-                f"got shape {y.type.shape}"
-            )
+        b = self._check_labels(op, y, x)
         device = common_device(op, x, y)
-        shape = (b if b is not None else yb,)
-        return Apply(self, [x, y], [_out(x.type.dtype, shape, device)])
+        return Apply(self, [x, y], [CudaArrayType(x.type.dtype, (b,), device)()])
 
     def perform(self, node, inputs, output_storage):
         x, y = inputs
         output_storage[0][0] = top_k_error(x, y, self.k, device=self.device_of(node))
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0][:1]]
 
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        x, _ = inputs
-        return [as_gpu_cotangent(pt.zeros_like(x), x.type.device), disconnected_type()]
+#: The GPU ops by role (their skeletons' ``family``).
+GPU_FAMILY = SoftmaxCrossEntropyFamily(
+    GpuSoftmaxCrossEntropy, GpuSoftmaxCrossEntropyGrad, GpuTopKError
+)
+_GpuBase.family = GPU_FAMILY
 
 
 # --------------------------------------------------------------------------
@@ -862,3 +746,20 @@ def lift_top_k_error(fgraph: Any, node: Apply, device: int) -> list[Variable]:
     """``TopKError(x, y) -> host_from_gpu(GpuTopKError(gpu(x), gpu(y)))``."""
     x, y = (to_gpu(v, device) for v in node.inputs)
     return [GpuTopKError(k=node.op.k)(x, y)]
+
+
+def __getattr__(name: str) -> Any:
+    # the family's 0.1 name (softmax_loss) is softmax_cross_entropy at every
+    # layer now; the old namer name works until the next release
+    if name == "softmax_loss_kernel_name":
+        import warnings
+
+        warnings.warn(
+            f"{__name__}.softmax_loss_kernel_name is now "
+            "softmax_cross_entropy_kernel_name; the old name works until the next "
+            "release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return softmax_cross_entropy_kernel_name
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
