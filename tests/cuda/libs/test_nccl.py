@@ -224,7 +224,7 @@ def test_communicators_one_per_device(fake):
 def test_collectives_pass_ints_in_the_c_order(fake):
     comm = FakeComm(0xC0)
     with nccl.group():
-        nccl.all_reduce(0x10, 0x20, 6, nccl.DTYPES["float32"], 0, comm, 0x5E)
+        nccl.all_reduce(0x10, 0x20, 6, NCCL_TYPES["float32"], 0, comm, 0x5E)
         nccl.broadcast(0x10, 0x20, 6, 7, 1, comm, 0x5E)
         nccl.reduce(0x10, 0, 6, 7, 0, 1, comm, 0x5E)
         nccl.all_gather(0x10, 0x20, 3, 7, comm, 0x5E)
