@@ -12,7 +12,7 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 ("CC2OPS"): ``fast_run`` rewrites with the ``cvm`` linker.
 """
 
-from cc2ops import graph  # noqa: F401  (registers the rewrites)
+from cc2ops import rewriting  # noqa: F401  (registers the rewrites)
 from cc2ops.backends import install_hooks as _install_backend_hooks
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
 from cc2ops.dropout import dropout, dropout_state

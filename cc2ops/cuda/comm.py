@@ -58,9 +58,9 @@ from cc2ops.comm import (
 )
 from cc2ops.cuda.mode import GpuMode
 from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
-from cc2ops.graph.multi_gpu import MultiDeviceMode
+from cc2ops.distributed.hybrid import MultiDeviceMode
 
 __all__ = [
     "IMPLS",

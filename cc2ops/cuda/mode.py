@@ -42,7 +42,7 @@ from pytensor.compile.mode import Mode, predefined_modes, register_mode
 from pytensor.compile.ops import DeepCopyOp
 from pytensor.link.vm import VMLinker
 
-import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases and rules)
+import cc2ops.rewriting  # noqa: F401  (registers the cc2ops rewrite databases and rules)
 from cc2ops.cuda.replay import DEFAULT_MAX_GRAPHS, ReplayVM
 from cc2ops.cuda.runtime.array import is_gpuarray, to_gpu
 from cc2ops.cuda.runtime.availability import require

@@ -77,6 +77,7 @@ from pytensor.tensor.type import TensorType
 
 from cc2ops._op import Cc2Op
 from cc2ops.comm import Shard, VirtualBackend, _symbolic_piece, shard_bounds
+from cc2ops.distributed import hybrid as mg
 from cc2ops.distributed.communicator import (
     CommError,
     Communicator,
@@ -85,7 +86,6 @@ from cc2ops.distributed.communicator import (
     register,
 )
 from cc2ops.dropout import DropoutAdvance
-from cc2ops.graph import multi_gpu as mg
 
 __all__ = [
     "Topology",

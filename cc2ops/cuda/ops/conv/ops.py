@@ -109,7 +109,7 @@ from cc2ops.cuda.runtime.compile import (
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.db import gpu_inplace_db
+from cc2ops.rewriting.db import gpu_inplace_db
 from cc2ops.shapes import check_conv_shapes, conv_output_length
 
 __all__ = [
