@@ -12,7 +12,10 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 ("CC2OPS"): ``fast_run`` rewrites with the ``cvm`` linker.
 """
 
-from cc2ops import rewriting  # noqa: F401  (registers the rewrites)
+from cc2ops import (
+    _aliases,
+    rewriting,  # noqa: F401  (registers the rewrites)
+)
 from cc2ops.backends import install_hooks as _install_backend_hooks
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
 from cc2ops.dropout import dropout, dropout_state
@@ -38,6 +41,13 @@ from cc2ops.softmax_loss import (
 __version__ = "0.1.0"
 
 _install_backend_hooks()
+
+#: 0.1 paths of frontend modules that moved; each imports with a
+#: DeprecationWarning until the next release (:mod:`cc2ops._aliases`).
+MOVED = {"cc2ops.comm": "cc2ops.distributed.collectives"}
+
+_aliases.install(MOVED)
+__getattr__ = _aliases.package_getattr(__name__)
 
 __all__ = [
     "conv2d",

@@ -8,8 +8,10 @@ reaching an old path gives the module at its new path, under its own name, and
 warns once, naming both:
 
 - ``import cc2ops.cuda.device`` and ``from cc2ops.cuda.device import X`` go
-  through a finder appended to ``sys.meta_path`` (it only answers for the
-  declared old names, and only after the regular finders found no file);
+  through a finder put first on ``sys.meta_path``: it only answers for the
+  declared old names, and answers them before the file finders, so a stale
+  copy of a moved module (an editable install of another checkout, files left
+  by an old install) cannot shadow the move;
 - ``from cc2ops.cuda import device`` and ``cc2ops.cuda.device`` go through the
   package's module ``__getattr__`` (see :func:`package_getattr`).
 
@@ -93,7 +95,7 @@ def install(table: dict[str, str]) -> None:
     with _lock:
         _ALIASES.update(table)
         if not _finder_installed:
-            sys.meta_path.append(_AliasFinder())
+            sys.meta_path.insert(0, _AliasFinder())
             _finder_installed = True
 
 

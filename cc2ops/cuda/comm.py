@@ -45,7 +45,11 @@ from pytensor.gradient import DisconnectedType, disconnected_type
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.null_type import NullType
 
-from cc2ops.comm import (
+from cc2ops.cuda.mode import GpuMode
+from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.type import CudaArrayType
+from cc2ops.distributed.collectives import (
     CommBackend,
     Gather,
     Reduce,
@@ -56,10 +60,6 @@ from cc2ops.comm import (
     shard_bounds,
     shard_sizes,
 )
-from cc2ops.cuda.mode import GpuMode
-from cc2ops.cuda.op import GpuOp, as_gpu_variable
-from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
-from cc2ops.cuda.type import CudaArrayType
 from cc2ops.distributed.hybrid import MultiDeviceMode
 
 __all__ = [
@@ -522,7 +522,7 @@ class GpuReduceScatter(_GpuComm):
             outputs[k][0] = _back(outs[k], axis, d)
 
     def _infer_shape(self, node, input_shapes):
-        from cc2ops.comm import _symbolic_piece
+        from cc2ops.distributed.collectives import symbolic_piece
 
         out = []
         for k in range(self.n):
@@ -530,7 +530,7 @@ class GpuReduceScatter(_GpuComm):
             if len(node.inputs) > self.n:
                 s[self.axis] = node.inputs[self.n][k]
             else:
-                s[self.axis] = _symbolic_piece(s[self.axis], self.n, k)[1]
+                s[self.axis] = symbolic_piece(s[self.axis], self.n, k)[1]
             out.append(tuple(s))
         return out
 

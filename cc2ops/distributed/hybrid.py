@@ -9,8 +9,8 @@ it into K-device training:
 1. ``cost = distribute(cost, devices=K)`` **before** ``pytensor.grad``.
    Every variable of the forward graph gets a *placement* over the K
    devices, and small rules (the table :data:`RULES`, below) rebuild each
-   node per device, inserting collectives from :mod:`cc2ops.comm` where
-   placements do not fit. The result is a graph with the single-device
+   node per device, inserting collectives (:mod:`cc2ops.distributed.collectives`)
+   where placements do not fit. The result is a graph with the single-device
    value; ``pytensor.grad`` of it goes through the collectives' pullbacks
    (the pullback of an all-gather is a reduce-scatter, of a broadcast a
    reduce), so gradients are exact by construction. In this graph the
@@ -119,8 +119,8 @@ from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import Reshape, Shape, Shape_i
 
-from cc2ops.comm import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.conv import FilterActs
+from cc2ops.distributed.collectives import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.dropout import Dropout, DropoutAdvance
 from cc2ops.pool import AvgPool, MaxPool
 from cc2ops.response_norm import CrossMapNorm
@@ -291,7 +291,8 @@ class Distributor:
     Parameters
     ----------
     backend : CommBackend
-        Builds the collectives (:class:`cc2ops.comm.VirtualBackend`, or a GPU
+        Builds the collectives
+        (:class:`~cc2ops.distributed.collectives.VirtualBackend`, or a GPU
         backend from :mod:`cc2ops.cuda.comm`).
     conv_nodes : set of Apply
         The nodes of the conv (data-parallel) segment.
@@ -911,9 +912,9 @@ def distribute(
         K, the K device labels (GPU backends), or the multi-device mode the
         function will be compiled in (its backend is used).
     backend : {"virtual", "nccl", "peer", "gpu_virtual"} or CommBackend
-        ``"virtual"``: host collectives (:mod:`cc2ops.comm`), K logical
-        devices on the CPU. The others are GPU backends
-        (:mod:`cc2ops.cuda.comm`).
+        ``"virtual"``: host collectives
+        (:mod:`cc2ops.distributed.collectives`), K logical devices on the CPU.
+        The others are GPU backends (:mod:`cc2ops.cuda.comm`).
     split_at : Variable, optional
         The variable ending the conv segment (default :func:`find_split`).
     scheme : {"a", "b"}

@@ -5,7 +5,7 @@ op with K per-device inputs and/or K per-device outputs is ONE ``Apply`` node,
 input/output ``k`` belonging to device ``k`` (the one-process-drives-K-devices
 model of ``ncclCommInitAll`` + group calls). These host ops are the *virtual*
 backend (K logical devices sharing the CPU) and the reference semantics of the
-GPU collectives in :mod:`cc2ops.cuda.comm`.
+GPU collectives in :mod:`cc2ops.cuda.ops.comm`.
 
 The ops and their pullbacks (each family is closed under differentiation)::
 
@@ -58,6 +58,7 @@ __all__ = [
     "check_split",
     "shard_bounds",
     "shard_sizes",
+    "symbolic_piece",
     "AllGather",
     "ReduceScatter",
     "AllReduce",
@@ -88,7 +89,7 @@ def shard_bounds(extent: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _symbolic_piece(extent: Any, n: int, i: int) -> tuple[Any, Any]:
+def symbolic_piece(extent: Any, n: int, i: int) -> tuple[Any, Any]:
     """(start, size) of piece ``i`` of a symbolic ``extent`` (array_split rule)."""
     size = (extent + (n - 1 - i)) // n
     start = i * (extent // n) + pt.minimum(i, extent % n)
@@ -331,7 +332,7 @@ class ReduceScatter(_CommOp):
             if len(node.inputs) > self.n:
                 s[self.axis] = node.inputs[self.n][k]
             else:
-                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
+                s[self.axis] = symbolic_piece(shape[self.axis], self.n, k)[1]
             out.append(tuple(s))
         return out
 
@@ -536,7 +537,7 @@ class Scatter(_CommOp):
             if len(node.inputs) > 1:
                 s[self.axis] = node.inputs[1][k]
             else:
-                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
+                s[self.axis] = symbolic_piece(shape[self.axis], self.n, k)[1]
             out.append(tuple(s))
         return out
 
@@ -631,7 +632,7 @@ class Shard(Cc2Op):
 
     def _infer_shape(self, node, input_shapes):
         s = list(input_shapes[0])
-        s[self.axis] = _symbolic_piece(s[self.axis], self.n, self.index)[1]
+        s[self.axis] = symbolic_piece(s[self.axis], self.n, self.index)[1]
         return [tuple(s)]
 
     def pullback(self, inputs, outputs, cotangents):
@@ -701,7 +702,7 @@ class CommBackend(ABC):
     Each method takes per-device graph variables (index = device position
     0..K-1) and returns per-device variables as *host tensors* the rewritten
     graph can use: the host/virtual backend returns the host ops' outputs,
-    the GPU backends (:mod:`cc2ops.cuda.comm`) move the inputs to their
+    the GPU backends (:mod:`cc2ops.cuda.ops.comm`) move the inputs to their
     devices, run a GPU collective and return ``host_from_gpu`` of its
     outputs, which the GPU mode's lifting then keeps on the devices.
 
