@@ -107,6 +107,7 @@ def test_gpu_dropout_state_goes_through_the_seam():
         ("cc2ops.graph.fuse_softmax_loss", "cc2ops.rewriting.fuse_softmax_loss"),
         ("cc2ops.graph.multi_gpu", "cc2ops.distributed.hybrid"),
         ("cc2ops.comm", "cc2ops.distributed.collectives"),
+        ("cc2ops.cuda.comm", "cc2ops.cuda.ops.comm"),
     ],
 )
 def test_old_module_paths_warn_and_alias(old, new):

@@ -16,7 +16,7 @@ op is a host op) and are staged through the device; the integer exchanges of
 the SPMD chain (extents, dropout offsets) and set-up go through MPI.
 
 Why nccl4py and not :mod:`cc2ops.cuda.nccl`: the ctypes binding there serves
-the one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.comm`; nccl4py
+the one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.ops.comm`; nccl4py
 is NVIDIA's maintained binding, takes ``__cuda_array_interface__`` buffers and
 raw stream handles, and covers multi-process init, non-blocking configs and
 abort. ``nccl4py`` is imported lazily (only when a NCCL communicator is made).

@@ -78,6 +78,7 @@ from pytensor.tensor.type import TensorType
 
 from cc2ops._op import Cc2Op
 from cc2ops.distributed import hybrid as mg
+from cc2ops.distributed import seam
 from cc2ops.distributed.collectives import (
     COMM_OPS,
     Shard,
@@ -993,8 +994,8 @@ def mode(
     topo = topology(group_size, timeout, comm)
     keys = None
     if collectives == "nccl":
-        from cc2ops.distributed.nccl import NcclCommunicator
-
+        # the GPU backend registered its communicator (cc2ops.distributed.nccl)
+        gpu_communicator = seam.device_backend().spmd_communicator
         label = topo.local_rank if device is None else int(device)
         keys = {}
         for name, mpi_comm in (("group", topo.group_comm), ("cross", topo.cross_comm)):
@@ -1002,7 +1003,7 @@ def mode(
             try:
                 lookup(key)
             except CommError:
-                register(key, NcclCommunicator(mpi_comm, label))
+                register(key, gpu_communicator(mpi_comm, label))
             keys[name] = key
     base = cc2ops.mode if base is None else base
     m = _spmd_class(type(base))(linker=base.linker, optimizer=base.provided_optimizer)

@@ -1,7 +1,8 @@
 """The GPU ops, one module (or package) per family, above the GPU graph core.
 
 Families of cc2ops: :mod:`~.conv`, :mod:`~.pool`, :mod:`~.response_norm`,
-:mod:`~.softmax_loss`, :mod:`~.dropout`; the input pipeline's
+:mod:`~.softmax_loss`, :mod:`~.dropout`, the collectives :mod:`~.comm` (which
+also register the GPU backend of the multi-device rewriter); the input pipeline's
 :mod:`~.image_augment` (a launcher, no graph op); GPU ports of PyTensor's ops:
 :mod:`~.tensor`. Each module registers, when imported, its lifting rules
 (:func:`cc2ops.cuda.rewriting.lift.register_lift`) and kernel variants
@@ -13,6 +14,7 @@ added to the list below.
 from __future__ import annotations
 
 from cc2ops.cuda.ops import (  # noqa: F401  (each registers its rules at import)
+    comm,
     conv,
     dropout,
     image_augment,
@@ -36,6 +38,7 @@ MODULES = (
     response_norm,
     softmax_loss,
     dropout,
+    comm,
     image_augment,
 )
 
