@@ -272,7 +272,7 @@ def communicators(physical: Sequence[int]) -> Communicators:
         with _lock:
             _comms[key] = comm
             if not _hook_registered:
-                from cc2ops.cuda.device import register_shutdown_hook
+                from cc2ops.cuda.runtime.device import register_shutdown_hook
 
                 register_shutdown_hook(_destroy_all)
                 _hook_registered = True
