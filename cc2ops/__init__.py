@@ -14,7 +14,7 @@ Axis order: images are (B, C, H, W) ("bc01") unless ``layout="c01b"``
 
 from cc2ops import (
     _aliases,
-    graph,  # noqa: F401  (registers the rewrites)
+    rewriting,  # noqa: F401  (registers the rewrites)
 )
 from cc2ops.backends import install_hooks as _install_backend_hooks
 from cc2ops.conv import FilterActs, ImageActs, WeightActs, conv2d
@@ -42,9 +42,11 @@ __version__ = "0.1.0"
 
 _install_backend_hooks()
 
-#: 0.1 paths of frontend modules that were renamed (one name per op family at
-#: every layer); they import with a DeprecationWarning until the next release.
+#: 0.1 paths of frontend modules that moved or were renamed (one name per op
+#: family at every layer); each imports with a DeprecationWarning until the
+#: next release (:mod:`cc2ops._aliases`).
 MOVED = {
+    "cc2ops.comm": "cc2ops.distributed.collectives",
     "cc2ops.response_norm": "cc2ops.cross_map_norm",
     "cc2ops.softmax_loss": "cc2ops.softmax_cross_entropy",
 }

@@ -21,6 +21,12 @@ The new module is imported by name, and only when an old path is used, so a
 package that declares an alias does not depend on the module it points to:
 ``cc2ops.graph`` can alias a path into ``cc2ops.cuda`` and still never import
 CUDA code (the import contracts in ``pyproject.toml`` check that).
+
+A moved *package* keeps its old directory with only an ``__init__`` that
+declares its moved submodules and calls :func:`warn_moved_package`: importing
+the old package then warns too, and its submodules' old paths resolve as above
+(an alias of the package object itself would make the import system look for
+the old submodule names in the new package's directory).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["install", "package_getattr", "aliases"]
+__all__ = ["install", "package_getattr", "aliases", "warn_moved_package"]
 
 _ALIASES: dict[str, str] = {}
 _lock = threading.Lock()
@@ -115,3 +121,14 @@ def package_getattr(package: str) -> Callable[[str], ModuleType]:
         return module
 
     return __getattr__
+
+
+def warn_moved_package(old: str, new: str) -> None:
+    """Warn that the package ``old`` moved to ``new``; ``old``'s ``__init__`` calls it.
+
+    The warning points at the statement importing ``old`` (the import
+    machinery's frames are skipped) and is given once, as the package's
+    ``__init__`` runs once.
+    """
+    # 4: past _warn, this function and the old package's __init__
+    _warn(old, new, stacklevel=4)

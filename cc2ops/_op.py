@@ -194,11 +194,6 @@ def as_tensor(op: str, role: str, x: Any) -> TensorVariable:
         raise TypeError(f"{rule}, got {_show(x)} ({e})") from e
 
 
-#: The 0.1 name of :func:`as_tensor` (``cc2ops.comm`` still imports it; it
-#: moves to ``cc2ops.distributed`` with its imports updated).
-_as_tensor = as_tensor
-
-
 def is_disconnected(v: Any) -> bool:
     """Whether a cotangent or tangent is PyTensor's "disconnected" placeholder."""
     return isinstance(getattr(v, "type", None), DisconnectedType)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pytensor.compile.mode import Mode, predefined_modes, register_mode
 
-import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases)
+import cc2ops.rewriting  # noqa: F401  (registers the cc2ops rewrite databases)
 
 MODE_NAME = "CC2OPS"
 

@@ -110,14 +110,22 @@ def test_gpu_dropout_state_goes_through_the_seam():
         ("cc2ops.cuda.ops.softmax_loss", "cc2ops.cuda.ops.softmax_cross_entropy"),
         ("cc2ops.cuda.response_norm", "cc2ops.cuda.ops.cross_map_norm"),
         ("cc2ops.cuda.softmax_loss", "cc2ops.cuda.ops.softmax_cross_entropy"),
+        ("cc2ops.graph.db", "cc2ops.rewriting.db"),
+        ("cc2ops.graph.fuse_softmax_loss", "cc2ops.rewriting.fuse_softmax_loss"),
+        ("cc2ops.graph.multi_gpu", "cc2ops.distributed.hybrid"),
+        ("cc2ops.comm", "cc2ops.distributed.collectives"),
+        ("cc2ops.cuda.comm", "cc2ops.cuda.ops.comm"),
     ],
 )
 def test_old_module_paths_warn_and_alias(old, new):
     package, name = old.rsplit(".", 1)
     proc = _run(
         "import importlib, warnings\n"
+        # the package may be an old path itself (cc2ops.graph): it warns apart
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"    import {package}\n"
         "warnings.simplefilter('error', DeprecationWarning)\n"
-        f"import {package}\n"
         "try:\n"
         f"    importlib.import_module({old!r})\n"
         "except DeprecationWarning as e:\n"
@@ -173,6 +181,29 @@ def test_renamed_families_give_the_same_objects():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_old_package_path_warns_and_keeps_its_names():
+    """``cc2ops.graph`` (now :mod:`cc2ops.rewriting`) warns when imported, and
+    its modules are the moved ones; nothing in cc2ops imports it."""
+    proc = _run(
+        "import sys, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import cc2ops, cc2ops.cuda, cc2ops.distributed\n"
+        "assert 'cc2ops.graph' not in sys.modules, 'cc2ops imported cc2ops.graph'\n"
+        "try:\n"
+        "    import cc2ops.graph\n"
+        "except DeprecationWarning as e:\n"
+        "    print('warned:', e)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "import cc2ops.graph as g\n"
+        "import cc2ops.rewriting as r\n"
+        "import cc2ops.distributed.hybrid as h\n"
+        "assert g.db is r.db and g.fuse_softmax_loss is r.fuse_softmax_loss\n"
+        "assert g.multi_gpu is h\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "warned: cc2ops.graph moved to cc2ops.rewriting" in proc.stdout
+
+
 def test_moved_names_warn():
     import importlib
 
@@ -207,10 +238,6 @@ def test_every_gpu_op_module_is_listed():
 
 #: Private names still imported across modules, each with the reason it may.
 _PRIVATE_IMPORTS_ALLOWED = {
-    # moves to cc2ops.distributed with its imports (another part of issue 16)
-    ("cc2ops/comm.py", "cc2ops._op", "_as_tensor"),
-    ("cc2ops/cuda/comm.py", "cc2ops.comm", "_symbolic_piece"),
-    ("cc2ops/distributed/spmd.py", "cc2ops.comm", "_symbolic_piece"),
     # the GPU mode's device-label check, inside cc2ops.cuda
     ("cc2ops/cuda/mode.py", "cc2ops.cuda.runtime.device", "_check_label"),
 }

@@ -33,10 +33,11 @@ raises at run time (a label outside ``[0, K)``, shapes that only disagree at
 run time) are raised here as ``ValueError`` with the same message, from
 inside the compiled code.
 
-The collective ops of :mod:`cc2ops.comm` are not registered: they only
-appear in graphs rewritten by :func:`cc2ops.graph.multi_gpu.distribute`,
-which are compiled in the multi-device mode (``cvm`` linker), never in a
-single-device default-mode graph.
+The collective ops of :mod:`cc2ops.distributed.collectives` are not
+registered: they only appear in graphs rewritten by
+:func:`cc2ops.distributed.hybrid.distribute`, which are compiled in the
+multi-device mode (``cvm`` linker), never in a single-device default-mode
+graph.
 
 The kernels are module-level functions whose geometry is passed as
 arguments, so each compiles once per dtype and array rank; the per-op

@@ -18,7 +18,7 @@ canonicalisation can turn ``x.shape[2]`` into arithmetic of other shapes, into
 
 Anything else (an (H, W) computed from data) stays, and the backend raises a
 ``ValueError`` naming the op when it converts the graph. The rewrite lives in
-the database ``cc2ops_static_shapes`` (:mod:`cc2ops.graph.db`), tagged
+the database ``cc2ops_static_shapes`` (:mod:`cc2ops.rewriting.db`), tagged
 ``jax`` and ``mlx``: the JAX and MLX modes query those tags, no other mode
 runs it.
 """
@@ -47,8 +47,8 @@ from pytensor.tensor.type import TensorType
 
 from cc2ops.backends import _generic
 from cc2ops.conv import ImageActs, WeightActs
-from cc2ops.graph.db import static_shapes_db
 from cc2ops.pool import AvgPoolGrad
+from cc2ops.rewriting.db import static_shapes_db
 
 __all__ = ["ShapeVector", "SHAPE_INPUTS", "local_static_shape_inputs"]
 

@@ -26,7 +26,9 @@ contracts check it):
 
 Importing this package imports all of them: the op modules register their
 lifting rules, and :mod:`cc2ops.cuda.ops.dropout` registers the backend with
-the frontend (:mod:`cc2ops.seam`); the frontend never imports this package.
+the frontend (:mod:`cc2ops.seam`) and :mod:`cc2ops.cuda.ops.comm` registers
+it with the multi-device rewriter (:mod:`cc2ops.distributed.seam`); neither
+the frontend nor :mod:`cc2ops.distributed` imports this package.
 The 0.1 module paths (``cc2ops.cuda.device``, ``cc2ops.cuda.conv``,
 ``cc2ops.cuda.graphs``, ...) still import, with a ``DeprecationWarning``, until
 the next release (:data:`MOVED`).
@@ -123,6 +125,7 @@ MOVED = {
     "cc2ops.cuda.reduction": "cc2ops.cuda.ops.tensor.reduction",
     "cc2ops.cuda.blas_ops": "cc2ops.cuda.ops.tensor.blas",
     "cc2ops.cuda.softmax": "cc2ops.cuda.ops.tensor.softmax",
+    "cc2ops.cuda.comm": "cc2ops.cuda.ops.comm",
 }
 
 _aliases.install(MOVED)

@@ -42,15 +42,24 @@ from pytensor.compile.mode import Mode, predefined_modes, register_mode
 from pytensor.compile.ops import DeepCopyOp
 from pytensor.link.vm import VMLinker
 
-import cc2ops.graph  # noqa: F401  (registers the cc2ops rewrite databases and rules)
+import cc2ops.rewriting  # noqa: F401  (registers the cc2ops rewrite databases and rules)
 from cc2ops.cuda.replay import DEFAULT_MAX_GRAPHS, ReplayVM
 from cc2ops.cuda.runtime.array import is_gpuarray, to_gpu
 from cc2ops.cuda.runtime.availability import require
 from cc2ops.cuda.runtime.device import _check_label
 from cc2ops.cuda.transfer import GpuDeepCopy
 from cc2ops.cuda.type import CudaArrayType
+from cc2ops.distributed import seam
+from cc2ops.distributed.hybrid import MultiDeviceMode
 
-__all__ = ["GpuMode", "GpuVMLinker", "mode", "MODE_NAME"]
+__all__ = [
+    "GpuMode",
+    "GpuVMLinker",
+    "MultiGpuMode",
+    "multi_gpu_mode",
+    "mode",
+    "MODE_NAME",
+]
 
 MODE_NAME = "CC2OPS_GPU"
 LINKERS = ("cvm", "py")
@@ -195,10 +204,10 @@ def mode(
         compiler exists) or the pure-Python VM.
     comm : {"auto", "nccl", "peer", "virtual"}
         With more than one label: how the collectives move data
-        (:mod:`cc2ops.cuda.comm`). The mode is then a
-        :class:`cc2ops.cuda.comm.MultiGpuMode` whose function maker makes the
-        per-device replicas and shards of a graph distributed with
-        :func:`cc2ops.graph.multi_gpu.distribute`.
+        (:mod:`cc2ops.cuda.ops.comm`). The mode is then a
+        :class:`MultiGpuMode` whose function maker makes the per-device
+        replicas and shards of a graph distributed with
+        :func:`cc2ops.distributed.hybrid.distribute`.
     graphs : bool
         Automatic CUDA-graph replay (:mod:`cc2ops.cuda.replay`): a function's
         calls replay a captured graph once their input shapes repeat; host
@@ -256,11 +265,27 @@ def mode(
             f"cc2ops.cuda.mode: linker must be one of {LINKERS}, got {linker!r}"
         )
     if len(labels) > 1:
-        # several labels: the multi-device function maker (cc2ops.graph.multi_gpu)
-        from cc2ops.cuda.comm import multi_gpu_mode
-
+        # several labels: the multi-device function maker (cc2ops.distributed)
         return multi_gpu_mode(lk, labels, comm)
     return GpuMode(linker=lk, optimizer="fast_run").including("cc2ops", "cc2ops_gpu")
+
+
+class MultiGpuMode(MultiDeviceMode, GpuMode):
+    """The GPU mode (lifting, GPU linker) plus the multi-device function maker."""
+
+
+def multi_gpu_mode(linker: Any, labels: Sequence[int], impl: str = "auto") -> Any:
+    """A GPU mode over ``labels`` whose function maker localises the state.
+
+    ``cc2ops.cuda.mode(devices=[...])`` calls this for more than one label. The
+    collectives come from the backend :mod:`cc2ops.cuda.ops.comm` registered
+    with :mod:`cc2ops.distributed.seam` (the op families sit above the modes).
+    """
+    m = MultiGpuMode(linker=linker, optimizer="fast_run").including(
+        "cc2ops", "cc2ops_gpu"
+    )
+    m.backend = seam.device_backend().comm_backend(labels, impl)
+    return m
 
 
 if MODE_NAME not in predefined_modes:

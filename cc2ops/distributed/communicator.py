@@ -15,7 +15,8 @@ non-blocking requests polled against the deadline, so the whole SPMD path runs
 and is tested on the CPU. The GPU communicator (NCCL through ``nccl4py``) is
 :mod:`cc2ops.distributed.nccl`.
 
-Pieces follow ``numpy.array_split`` (:func:`cc2ops.comm.shard_sizes`).
+Pieces follow ``numpy.array_split``
+(:func:`cc2ops.distributed.collectives.shard_sizes`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.comm import shard_sizes
+from cc2ops.distributed.collectives import shard_sizes
 
 __all__ = [
     "CommError",

@@ -15,9 +15,9 @@ Data arrive as host arrays (the :class:`~cc2ops.distributed.spmd.SpmdCollective`
 op is a host op) and are staged through the device; the integer exchanges of
 the SPMD chain (extents, dropout offsets) and set-up go through MPI.
 
-The one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.comm` uses the
-same nccl4py through :mod:`cc2ops.cuda.libs.nccl`; this module needs what only
-the multi-process route does (unique ids over MPI, non-blocking configs,
+The one-process ``ncclCommInitAll`` path of :mod:`cc2ops.cuda.ops.comm` uses
+the same nccl4py through :mod:`cc2ops.cuda.libs.nccl`; this module needs what
+only the multi-process route does (unique ids over MPI, non-blocking configs,
 abort) and takes nccl4py's buffer objects directly. ``nccl4py`` is imported
 lazily (only when a NCCL communicator is made).
 """
@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from cc2ops.comm import shard_sizes
+from cc2ops.cuda.runtime import array as ga
+from cc2ops.cuda.runtime.device import get_device
+from cc2ops.distributed.collectives import shard_sizes
 from cc2ops.distributed.communicator import (
     CommError,
     Communicator,
@@ -88,8 +90,6 @@ class NcclCommunicator(Communicator):
     """
 
     def __init__(self, mpi: MPICommunicator, device: int) -> None:
-        from cc2ops.cuda.device import get_device
-
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.timeout = mpi.timeout
@@ -136,8 +136,6 @@ class NcclCommunicator(Communicator):
             pause = min(1e-3, pause * 2 if pause else 1e-5)
 
     def _run(self, what: str, launch: Any, out_shape, dtype) -> np.ndarray:
-        from cc2ops.cuda import array as ga
-
         with self.dev.using():
             stream = self.dev.stream
             recv = ga.empty(out_shape, dtype, self.device)
@@ -146,8 +144,6 @@ class NcclCommunicator(Communicator):
             return ga.to_host(recv, self.device)
 
     def _dev(self, x: np.ndarray) -> Any:
-        from cc2ops.cuda import array as ga
-
         return ga.to_gpu(np.ascontiguousarray(x), self.device)
 
     # ---- collectives -------------------------------------------------------

@@ -8,7 +8,8 @@ The user's code is the single-device model plus
     fn = pytensor.function([x, y], cost, updates=..., mode=m)
 
 ``distribute`` builds the K-device graph exactly as for K virtual devices
-(:class:`SpmdBackend` is a :class:`cc2ops.comm.VirtualBackend`), the mode's
+(:class:`SpmdBackend` is a
+:class:`cc2ops.distributed.collectives.VirtualBackend`), the mode's
 function maker localises the state (per-device replicas and shards) and then
 **projects** the K-device graph onto this rank (:func:`project`): rank r keeps
 the root computation and device r's nodes, and each collective becomes one
@@ -77,12 +78,15 @@ from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type import TensorType
 
 from cc2ops._op import Cc2Op
-from cc2ops.comm import (
+from cc2ops.distributed import hybrid as mg
+from cc2ops.distributed import seam
+from cc2ops.distributed.collectives import (
+    COMM_OPS,
     Shard,
     ShardGrad,
     VirtualBackend,
-    _symbolic_piece,
     shard_bounds,
+    symbolic_piece,
 )
 from cc2ops.distributed.communicator import (
     CommError,
@@ -92,7 +96,6 @@ from cc2ops.distributed.communicator import (
     register,
 )
 from cc2ops.dropout import DropoutAdvance
-from cc2ops.graph import multi_gpu as mg
 
 __all__ = [
     "Topology",
@@ -668,7 +671,7 @@ class _Projector:
     def collective(self, node: Apply) -> None:
         kind = mg.comm_kind(node.op)
         op, r = node.op, self.r
-        if type(op).__module__ != "cc2ops.comm":
+        if not isinstance(op, COMM_OPS):
             raise SpmdError(
                 f"cc2ops.distributed: {op} is a GPU collective of the one-process "
                 "multi-GPU mode; distribute for SPMD with the SPMD mode: "
@@ -713,7 +716,7 @@ class _Projector:
             else:
                 piece = Shard(op.n, r, op.axis)(x)
             self.put(node.outputs[r], piece)
-        else:  # pragma: no cover - every kind of cc2ops.comm is handled above
+        else:  # pragma: no cover - every host collective kind is handled above
             raise SpmdError(f"cc2ops.distributed: no SPMD form of {op}")
 
     # ---- the walk --------------------------------------------------------------
@@ -814,7 +817,7 @@ def project(
                 "inputs, and this function has none"
             )
         batch = data[0].shape[0]
-        local = _symbolic_piece(batch, topo.n_groups, topo.group)[1]
+        local = symbolic_piece(batch, topo.n_groups, topo.group)[1]
         pj.group_share = pt.cast(local, "float64") / pt.cast(batch, "float64")
         for x in data:
             pj.memo[x] = Shard(topo.n_groups, topo.group, 0)(x)
@@ -1009,8 +1012,8 @@ def mode(
     topo = topology(group_size, timeout, comm)
     keys = None
     if collectives == "nccl":
-        from cc2ops.distributed.nccl import NcclCommunicator
-
+        # the GPU backend registered its communicator (cc2ops.distributed.nccl)
+        gpu_communicator = seam.device_backend().spmd_communicator
         label = topo.local_rank if device is None else int(device)
         keys = {}
         for name, mpi_comm in (("group", topo.group_comm), ("cross", topo.cross_comm)):
@@ -1018,7 +1021,7 @@ def mode(
             try:
                 lookup(key)
             except CommError:
-                register(key, NcclCommunicator(mpi_comm, label))
+                register(key, gpu_communicator(mpi_comm, label))
             keys[name] = key
     base = cc2ops.mode if base is None else base
     m = _spmd_class(type(base))(linker=base.linker, optimizer=base.provided_optimizer)

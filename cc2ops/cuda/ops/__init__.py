@@ -1,9 +1,10 @@
 """The GPU ops, one module (or package) per family, above the GPU graph core.
 
 Families of cc2ops: :mod:`~.conv`, :mod:`~.pool`, :mod:`~.cross_map_norm`,
-:mod:`~.softmax_cross_entropy`, :mod:`~.dropout`; the input pipeline's
-:mod:`~.image_augment` (a launcher, no graph op); GPU ports of PyTensor's ops:
-:mod:`~.tensor`. Each module registers, when imported, its lifting rules
+:mod:`~.softmax_cross_entropy`, :mod:`~.dropout`, the collectives :mod:`~.comm`
+(which also register the GPU backend of the multi-device rewriter); the input
+pipeline's :mod:`~.image_augment` (a launcher, no graph op); GPU ports of
+PyTensor's ops: :mod:`~.tensor`. Each module registers, when imported, its lifting rules
 (:func:`cc2ops.cuda.rewriting.lift.register_lift`) and kernel variants
 (:func:`cc2ops.cuda.runtime.compile.register_variants`); importing this package
 imports every one of them, by name, so there is no scan and a new family is
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from cc2ops import _aliases
 from cc2ops.cuda.ops import (  # noqa: F401  (each registers its rules at import)
+    comm,
     conv,
     cross_map_norm,
     dropout,
@@ -44,6 +46,7 @@ MODULES = (
     cross_map_norm,
     softmax_cross_entropy,
     dropout,
+    comm,
     image_augment,
 )
 

@@ -28,7 +28,7 @@ marked and never lifted again, which keeps the equilibrium finite.
 Transfer cancelling
 -------------------
 Small named rules (database ``transfer_cancel_db``, tags ``fast_run`` and
-``cc2ops_gpu``; see :mod:`cc2ops.graph.db` for why ``fast_run``)::
+``cc2ops_gpu``; see :mod:`cc2ops.rewriting.db` for why ``fast_run``)::
 
     host_from_gpu(gpu_from_host[d](x))           -> x
     gpu_from_host[d](host_from_gpu(x on d))      -> x
@@ -61,7 +61,7 @@ from cc2ops.cuda.transfer import (
     host_from_gpu,
 )
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.db import gpu_lift_db, transfer_cancel_db
+from cc2ops.rewriting.db import gpu_lift_db, transfer_cancel_db
 
 __all__ = [
     "register_lift",

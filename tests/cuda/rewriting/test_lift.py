@@ -32,7 +32,7 @@ from cc2ops.cuda.rewriting.lift import (
 from cc2ops.cuda.runtime import array as garray
 from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.db import gpu_lift_db, transfer_cancel_db
+from cc2ops.rewriting.db import gpu_lift_db, transfer_cancel_db
 
 
 class ToyScale(Cc2Op):

@@ -102,7 +102,7 @@ from cc2ops.cuda.runtime.compile import (
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.transfer import GpuGradients
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.db import gpu_inplace_db
+from cc2ops.rewriting.db import gpu_inplace_db
 from cc2ops.shapes import (
     check_conv_batch,
     check_conv_filter_count,

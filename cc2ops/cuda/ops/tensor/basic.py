@@ -81,7 +81,7 @@ from cc2ops.cuda.runtime.compile import (
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu, as_gpu, as_host
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
-from cc2ops.graph.db import gpu_inplace_db, gpu_lift_db
+from cc2ops.rewriting.db import gpu_inplace_db, gpu_lift_db
 
 __all__ = [
     "make_view",

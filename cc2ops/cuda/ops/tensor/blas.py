@@ -61,7 +61,7 @@ from cc2ops.cuda.rewriting.lift import register_lift
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.transfer import as_gpu_cotangent
 from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.db import gpu_inplace_db
+from cc2ops.rewriting.db import gpu_inplace_db
 
 __all__ = [
     "GpuDot22",

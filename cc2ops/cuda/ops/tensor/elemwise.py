@@ -76,7 +76,7 @@ from cc2ops.cuda.runtime.compile import (
 )
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayConstant, CudaArrayType
-from cc2ops.graph.db import gpu_inplace_db
+from cc2ops.rewriting.db import gpu_inplace_db
 
 __all__ = [
     "GpuElemwise",

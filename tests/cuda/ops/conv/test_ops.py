@@ -218,7 +218,7 @@ def test_accumulate_rewrite_leaves_protected_inputs_alone(monkeypatch):
 
 
 def test_accumulate_rewrite_is_registered_before_inplace_elemwise():
-    from cc2ops.graph.db import gpu_inplace_db
+    from cc2ops.rewriting.db import gpu_inplace_db
 
     assert gconv.gpu_conv_accumulate in gpu_inplace_db.__db__["cc2ops_gpu"]
     pos = gpu_inplace_db.__position__

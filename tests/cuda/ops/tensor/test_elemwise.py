@@ -336,7 +336,7 @@ def test_inplace_rewrite_respects_other_readers(monkeypatch):
 
 
 def test_inplace_rewrite_is_registered():
-    from cc2ops.graph.db import gpu_inplace_db
+    from cc2ops.rewriting.db import gpu_inplace_db
 
     assert ew.gpu_inplace_elemwise in gpu_inplace_db.__db__["cc2ops_gpu"]
 

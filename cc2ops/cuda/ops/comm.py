@@ -1,6 +1,9 @@
 """GPU collectives: K inputs on K device labels -> K outputs, one ``Apply`` node each.
 
-The GPU counterparts of :mod:`cc2ops.comm` (same values, same pullbacks)::
+The GPU counterparts of :mod:`cc2ops.distributed.collectives` (same values,
+same pullbacks: each op takes its family's skeleton from there, shape
+inference, connection pattern and pullback, and adds its props, ``make_node``
+and ``perform``)::
 
     GpuAllGather(labels, axis)     <-> GpuReduceScatter(labels, axis)
     GpuAllReduce(labels)           <-> GpuAllReduce(labels)
@@ -10,7 +13,7 @@ Input/output ``k`` lives on ``labels[k]``. How the bytes move is chosen when
 the op runs (``impl``):
 
 ``"nccl"``
-    :mod:`cc2ops.cuda.nccl`, one communicator per physical device
+    :mod:`cc2ops.cuda.libs.nccl`, one communicator per physical device
     (``ncclCommInitAll``), one group call per collective on the devices'
     cc2ops streams. Needs distinct physical devices.
 ``"peer"``
@@ -28,9 +31,13 @@ copy), exchanges contiguous pieces and moves it back. Uneven pieces use
 grouped ``ncclBroadcast``/``ncclReduce`` (one root per piece); even axis-0
 pieces use ``ncclAllGather``/``ncclReduceScatter``.
 
-:class:`GpuBackend` is the :class:`~cc2ops.comm.CommBackend` the multi-device
-rewriter uses on GPUs; :class:`MultiGpuMode` is what
-``cc2ops.cuda.mode(devices=[...])`` returns for more than one label.
+:class:`GpuBackend` is the :class:`~cc2ops.distributed.collectives.CommBackend`
+the multi-device rewriter uses on GPUs. Importing this module registers the
+GPU backend with the rewriter (:mod:`cc2ops.distributed.seam`: the transfer
+ops, the device type, :class:`GpuBackend`, the SPMD mode's NCCL
+communicator), so the rewriter never imports CUDA code, and
+:func:`cc2ops.cuda.mode` builds its multi-GPU mode
+(:class:`cc2ops.cuda.mode.MultiGpuMode`) over the registered backend.
 """
 
 from __future__ import annotations
@@ -41,26 +48,48 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
-from pytensor.gradient import DisconnectedType, disconnected_type
+from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.null_type import NullType
 
-from cc2ops.comm import (
+from cc2ops.cuda.libs import cublas, nccl
+from cc2ops.cuda.mode import MultiGpuMode, multi_gpu_mode
+from cc2ops.cuda.op import GpuOp, as_gpu_variable
+from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
+from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime.availability import driver
+from cc2ops.cuda.runtime.device import get_device, physical_index
+from cc2ops.cuda.transfer import (
+    GpuFromHost,
+    GpuToGpu,
+    HostFromGpu,
+    as_gpu,
+    as_gpu_cotangent,
+    as_host,
+    host_from_gpu,
+)
+from cc2ops.cuda.type import CudaArrayType, CudaSharedVariable, shared
+from cc2ops.distributed import seam
+from cc2ops.distributed.collectives import (
+    AllGatherBase,
+    AllReduceBase,
+    BroadcastBase,
+    CollectiveBase,
     CommBackend,
     Gather,
     Reduce,
+    ReduceBase,
+    ReduceScatterBase,
     Scatter,
     Shard,
+    ShardBase,
     ShardGrad,
+    ShardGradBase,
     VirtualBackend,
     shard_bounds,
     shard_sizes,
 )
-from cc2ops.cuda.mode import GpuMode
-from cc2ops.cuda.op import GpuOp, as_gpu_variable
-from cc2ops.cuda.type import CudaArrayType
-from cc2ops.graph.lift import register_lift, to_gpu
-from cc2ops.graph.multi_gpu import MultiDeviceMode
+from cc2ops.distributed.nccl import NcclCommunicator
 
 __all__ = [
     "IMPLS",
@@ -75,6 +104,8 @@ __all__ = [
     "GpuBackend",
     "gpu_backend",
     "resolve_impl",
+    # defined in cc2ops.cuda.mode, where the modes live; the 0.1 module
+    # cc2ops.cuda.comm (an alias of this one now) had them
     "MultiGpuMode",
     "multi_gpu_mode",
 ]
@@ -101,8 +132,6 @@ def _impl(op: str, impl: str) -> str:
 
 def resolve_impl(labels: Sequence[int], impl: str = "auto") -> str:
     """The implementation ``impl`` means for ``labels`` now (needs no CUDA)."""
-    from cc2ops.cuda.device import physical_index
-
     physical = [physical_index(d) for d in labels]
     distinct = len(set(physical)) == len(physical)
     if impl in ("nccl", "peer") and not distinct:
@@ -117,8 +146,6 @@ def resolve_impl(labels: Sequence[int], impl: str = "auto") -> str:
     if len(physical) == 1:
         return "virtual"
     try:
-        from cc2ops.cuda import nccl
-
         nccl.load()
         return "nccl"
     except Exception:  # no libnccl: peer copies still work
@@ -127,16 +154,25 @@ def resolve_impl(labels: Sequence[int], impl: str = "auto") -> str:
 
 def _zeros_like_out(g: Variable, out: Variable) -> Variable:
     if isinstance(g.type, (DisconnectedType, NullType)):
-        from cc2ops.cuda.transfer import as_gpu, host_from_gpu
-
         return as_gpu(pt.zeros_like(host_from_gpu(out)), out.type.device)
-    from cc2ops.cuda.op import as_gpu_cotangent
-
     return as_gpu_cotangent(g, out.type.device)
 
 
-class _GpuComm(GpuOp):
+class _GpuFamily(CollectiveBase, GpuOp):
+    """The GPU side of the skeleton's hooks: GPU cotangents, GPU ops of ``n``."""
+
+    def _cotangent(self, g: Variable, out: Variable) -> Variable:
+        return _zeros_like_out(g, out)
+
+    def _op(self, kind: str, **params: Any) -> Any:
+        return _GPU_OPS[kind](self.n, **params)
+
+
+class _GpuComm(_GpuFamily):
     """Base: ``labels`` (device k of the collective is ``labels[k]``), ``impl``."""
+
+    def _op(self, kind: str, **params: Any) -> Any:
+        return _GPU_OPS[kind](self.labels, impl=self.impl, **params)
 
     def device_of(self, node: Apply) -> int:
         return self.labels[0]
@@ -169,10 +205,6 @@ class _GpuComm(GpuOp):
     def _out_type(self, x: Variable, k: int, shape: Sequence[Any]) -> CudaArrayType:
         return CudaArrayType(x.type.dtype, tuple(shape), self.labels[k])
 
-    def __str__(self) -> str:
-        props = ", ".join(f"{p}={getattr(self, p)}" for p in self.__props__)
-        return f"{type(self).__name__}{{{props}}}"
-
 
 # --------------------------------------------------------------------------
 # run-time helpers (CUDA only inside)
@@ -181,10 +213,6 @@ class _GpuComm(GpuOp):
 
 def _move(x: Any, src: int, dst: int) -> Any:
     """A C-contiguous copy of GPUArray ``x`` (on label ``src``) on label ``dst``."""
-    from cc2ops.cuda import array
-    from cc2ops.cuda.availability import driver
-    from cc2ops.cuda.device import get_device
-
     s, d = get_device(src), get_device(dst)
     if s.shares_physical(d):
         return array.copy(x, dst)
@@ -204,21 +232,17 @@ _ONES: dict = {}
 
 def _accumulate(dst: Any, src: Any, label: int) -> None:
     """``dst += src`` (C-contiguous, same shape, one device) with cuBLAS gemv."""
-    from cc2ops.cuda import array, blas
-
     n = int(np.prod(dst.shape, dtype=np.int64))
     if n == 0:
         return
     dtype = np.dtype(dst.dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"cc2ops.cuda.comm: sums need float32/float64, got {dtype}")
-    from cc2ops.cuda.device import get_device
-
     key = (get_device(label).index, dtype.str)
     one = _ONES.get(key)
     if one is None:
         one = _ONES[key] = array.full((1,), 1.0, dtype, label)
-    blas.gemv(
+    cublas.gemv(
         array.ascontiguous(src, label).reshape(n, 1), one, dst.reshape(n),
         beta=1.0, device=label,
     )  # fmt: skip
@@ -226,8 +250,6 @@ def _accumulate(dst: Any, src: Any, label: int) -> None:
 
 def _front(x: Any, axis: int, label: int) -> Any:
     """``x`` with ``axis`` moved to the front, C-contiguous."""
-    from cc2ops.cuda import array
-
     if axis == 0:
         return array.ascontiguous(x, label)
     perm = [axis] + [i for i in range(len(x.shape)) if i != axis]
@@ -236,8 +258,6 @@ def _front(x: Any, axis: int, label: int) -> Any:
 
 def _back(x: Any, axis: int, label: int) -> Any:
     """Inverse of :func:`_front`."""
-    from cc2ops.cuda import array
-
     if axis == 0:
         return x
     ndim = len(x.shape)
@@ -251,21 +271,14 @@ def _rows(x: Any, start: int, stop: int) -> Any:
 
 
 def _stream(label: int) -> ctypes.c_void_p:
-    from cc2ops.cuda.device import get_device
-
     return ctypes.c_void_p(int(get_device(label).stream.handle))
 
 
 def _comms(labels: Sequence[int]) -> Any:
-    from cc2ops.cuda import nccl
-    from cc2ops.cuda.device import physical_index
-
     return nccl.communicators([physical_index(d) for d in labels])
 
 
 def _nccl_dtype(dtype: Any) -> int:
-    from cc2ops.cuda import nccl
-
     dt = np.dtype(dtype)
     if dt not in nccl.DTYPES:
         raise TypeError(f"cc2ops.cuda.comm: NCCL has no type for {dt}")
@@ -276,26 +289,18 @@ class _Group:
     """``ncclGroupStart``/``End`` around a block."""
 
     def __enter__(self) -> None:
-        from cc2ops.cuda import nccl
-
         nccl.call("ncclGroupStart")
 
     def __exit__(self, *exc: Any) -> None:
-        from cc2ops.cuda import nccl
-
         nccl.call("ncclGroupEnd")
 
 
 def _vp(garray: Any, offset_bytes: int = 0) -> ctypes.c_void_p:
-    from cc2ops.cuda.array import ptr
-
-    return ctypes.c_void_p(ptr(garray) + offset_bytes)
+    return ctypes.c_void_p(array.ptr(garray) + offset_bytes)
 
 
 def _nccl_broadcast_pieces(fronts, sizes, labels, outs_front, comms) -> None:
     """Device j's rows go to rows offset_j of every output (one group)."""
-    from cc2ops.cuda import nccl
-
     row_bytes = [
         int(np.prod(f.shape[1:], dtype=np.int64)) * f.dtype.itemsize for f in fronts
     ]
@@ -315,8 +320,6 @@ def _nccl_broadcast_pieces(fronts, sizes, labels, outs_front, comms) -> None:
 
 def _nccl_reduce_pieces(fronts, sizes, labels, outs, comms) -> None:
     """Piece j of the sum of all fronts lands on device j (one group)."""
-    from cc2ops.cuda import nccl
-
     row = int(np.prod(fronts[0].shape[1:], dtype=np.int64))
     itemsize = fronts[0].dtype.itemsize
     dt = _nccl_dtype(fronts[0].dtype)
@@ -338,7 +341,7 @@ def _nccl_reduce_pieces(fronts, sizes, labels, outs, comms) -> None:
 # --------------------------------------------------------------------------
 
 
-class GpuAllGather(_GpuComm):
+class GpuAllGather(AllGatherBase, _GpuComm):
     """Device k gets the concatenation along ``axis`` of every device's input.
 
     Parameters
@@ -354,7 +357,6 @@ class GpuAllGather(_GpuComm):
     with the pieces' extents.
     """
 
-    comm_kind = "all_gather"
     __props__ = ("labels", "axis", "impl")
 
     def __init__(self, labels: Sequence[int], axis: int = 0, impl: str = "auto"):
@@ -377,8 +379,6 @@ class GpuAllGather(_GpuComm):
         return Apply(self, xs, outs)
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         labels, axis = self.labels, self.axis
         impl = resolve_impl(labels, self.impl)
         fronts = [_front(x, axis, d) for x, d in zip(inputs, labels, strict=True)]
@@ -388,8 +388,6 @@ class GpuAllGather(_GpuComm):
         if impl == "nccl":
             comms = _comms(labels)
             if len(set(sizes)) == 1:
-                from cc2ops.cuda import nccl
-
                 count = int(np.prod(fronts[0].shape, dtype=np.int64))
                 dt = _nccl_dtype(fronts[0].dtype)
                 with _Group():
@@ -402,9 +400,6 @@ class GpuAllGather(_GpuComm):
             else:
                 _nccl_broadcast_pieces(fronts, sizes, labels, outs_front, comms)
         else:
-            from cc2ops.cuda.availability import driver
-            from cc2ops.cuda.device import get_device
-
             for k, d in enumerate(labels):
                 offset = 0
                 for j, src in enumerate(labels):
@@ -420,18 +415,8 @@ class GpuAllGather(_GpuComm):
         for k, d in enumerate(labels):
             outputs[k][0] = _back(outs_front[k], axis, d)
 
-    def _infer_shape(self, node, input_shapes):
-        shape = list(input_shapes[0])
-        shape[self.axis] = sum(s[self.axis] for s in input_shapes)
-        return [tuple(shape)] * self.n
 
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_like_out(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        sizes = pt.stack([x.shape[self.axis] for x in inputs])
-        return GpuReduceScatter(self.labels, self.axis, self.impl)(*gs, sizes=sizes)
-
-
-class GpuReduceScatter(_GpuComm):
+class GpuReduceScatter(ReduceScatterBase, _GpuComm):
     """Device k gets piece k (along ``axis``) of the sum of every device's input.
 
     Notes
@@ -441,7 +426,6 @@ class GpuReduceScatter(_GpuComm):
     Pullback: :class:`GpuAllGather`.
     """
 
-    comm_kind = "reduce_scatter"
     __props__ = ("labels", "axis", "impl")
 
     def __init__(self, labels: Sequence[int], axis: int = 0, impl: str = "auto"):
@@ -468,8 +452,6 @@ class GpuReduceScatter(_GpuComm):
         return Apply(self, inputs, outs)
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         labels, axis, n = self.labels, self.axis, self.n
         impl = resolve_impl(labels, self.impl)
         xs = inputs[:n]
@@ -491,8 +473,6 @@ class GpuReduceScatter(_GpuComm):
         if impl == "nccl":
             comms = _comms(labels)
             if len(set(sizes)) == 1:
-                from cc2ops.cuda import nccl
-
                 count = int(np.prod(outs[0].shape, dtype=np.int64))
                 dt = _nccl_dtype(fronts[0].dtype)
                 with _Group():
@@ -521,40 +501,13 @@ class GpuReduceScatter(_GpuComm):
         for k, d in enumerate(labels):
             outputs[k][0] = _back(outs[k], axis, d)
 
-    def _infer_shape(self, node, input_shapes):
-        from cc2ops.comm import _symbolic_piece
 
-        out = []
-        for k in range(self.n):
-            s = list(input_shapes[0])
-            if len(node.inputs) > self.n:
-                s[self.axis] = node.inputs[self.n][k]
-            else:
-                s[self.axis] = _symbolic_piece(s[self.axis], self.n, k)[1]
-            out.append(tuple(s))
-        return out
-
-    def connection_pattern(self, node):
-        pattern = [[True] * self.n for _ in range(self.n)]
-        if len(node.inputs) > self.n:
-            pattern.append([False] * self.n)
-        return pattern
-
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_like_out(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        grads = list(GpuAllGather(self.labels, self.axis, self.impl)(*gs))
-        if len(inputs) > self.n:
-            grads.append(disconnected_type())
-        return grads
-
-
-class GpuAllReduce(_GpuComm):
+class GpuAllReduce(AllReduceBase, _GpuComm):
     """Every device gets the sum of every device's input (float32/float64).
 
     Pullback: :class:`GpuAllReduce`.
     """
 
-    comm_kind = "all_reduce"
     __props__ = ("labels", "impl")
 
     def __init__(self, labels: Sequence[int], impl: str = "auto"):
@@ -573,8 +526,6 @@ class GpuAllReduce(_GpuComm):
         )
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         labels = self.labels
         impl = resolve_impl(labels, self.impl)
         xs = [array.ascontiguous(x, d) for x, d in zip(inputs, labels, strict=True)]
@@ -585,8 +536,6 @@ class GpuAllReduce(_GpuComm):
                     f"{tuple(xs[0].shape)}"
                 )
         if impl == "nccl":
-            from cc2ops.cuda import nccl
-
             comms = _comms(labels)
             outs = [array.empty(xs[0].shape, xs[0].dtype, d) for d in labels]
             count = int(np.prod(xs[0].shape, dtype=np.int64))
@@ -607,15 +556,8 @@ class GpuAllReduce(_GpuComm):
         for k in range(self.n):
             outputs[k][0] = outs[k]
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]] * self.n
 
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_like_out(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        return list(GpuAllReduce(self.labels, self.impl)(*gs))
-
-
-class GpuBroadcast(_GpuComm):
+class GpuBroadcast(BroadcastBase, _GpuComm):
     """The root device's input copied to every device.
 
     One input, on ``labels[root]``; ``n`` outputs. Pullback: :class:`GpuReduce`.
@@ -628,7 +570,6 @@ class GpuBroadcast(_GpuComm):
     main stream waits on a second event before the output is used.
     """
 
-    comm_kind = "broadcast"
     __props__ = ("labels", "root", "impl", "stream")
 
     def __init__(
@@ -655,14 +596,10 @@ class GpuBroadcast(_GpuComm):
         return Apply(self, [x], outs)
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         labels, root = self.labels, self.root
         impl = resolve_impl(labels, self.impl)
         x = array.ascontiguous(inputs[0], labels[root])
         if impl == "nccl":
-            from cc2ops.cuda import nccl
-
             comms = _comms(labels)
             outs = [array.empty(x.shape, x.dtype, d) for d in labels]
             count = int(np.prod(x.shape, dtype=np.int64))
@@ -693,22 +630,12 @@ class GpuBroadcast(_GpuComm):
         for k in range(self.n):
             outputs[k][0] = outs[k]
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]] * self.n
-
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_like_out(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        return [GpuReduce(self.labels, self.root, self.impl)(*gs)]
-
 
 _COMM_STREAMS: dict = {}
 
 
 def _comm_stream(label: int) -> Any:
     """The second (communication) stream of ``label``'s physical device."""
-    from cc2ops.cuda.availability import driver
-    from cc2ops.cuda.device import get_device
-
     dev = get_device(label)
     s = _COMM_STREAMS.get(dev.index)
     if s is None:
@@ -719,9 +646,6 @@ def _comm_stream(label: int) -> Any:
 
 def _wait_main(labels, streams) -> None:
     """Comm streams wait for the work queued so far on the main streams."""
-    from cc2ops.cuda.availability import driver
-    from cc2ops.cuda.device import get_device
-
     for d, s in zip(labels, streams, strict=True):
         dev = get_device(d)
         dev.activate()
@@ -732,9 +656,6 @@ def _wait_main(labels, streams) -> None:
 
 def _main_waits(labels, streams) -> None:
     """Main streams wait for the communication before using its outputs."""
-    from cc2ops.cuda.availability import driver
-    from cc2ops.cuda.device import get_device
-
     for d, s in zip(labels, streams, strict=True):
         dev = get_device(d)
         dev.activate()
@@ -743,13 +664,12 @@ def _main_waits(labels, streams) -> None:
         dev.stream.wait_for_event(ev)
 
 
-class GpuReduce(_GpuComm):
+class GpuReduce(ReduceBase, _GpuComm):
     """The sum of every device's input, on ``labels[root]`` (float32/float64).
 
     Pullback: :class:`GpuBroadcast` from root.
     """
 
-    comm_kind = "reduce"
     __props__ = ("labels", "root", "impl")
 
     def __init__(self, labels: Sequence[int], root: int = 0, impl: str = "auto"):
@@ -770,15 +690,11 @@ class GpuReduce(_GpuComm):
         return Apply(self, xs, [out()])
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         labels, root = self.labels, self.root
         impl = resolve_impl(labels, self.impl)
         xs = [array.ascontiguous(x, d) for x, d in zip(inputs, labels, strict=True)]
         rl = labels[root]
         if impl == "nccl":
-            from cc2ops.cuda import nccl
-
             comms = _comms(labels)
             out = array.empty(xs[0].shape, xs[0].dtype, rl)
             count = int(np.prod(xs[0].shape, dtype=np.int64))
@@ -797,30 +713,18 @@ class GpuReduce(_GpuComm):
                     _accumulate(out, _move(x, d, rl), rl)
         outputs[0][0] = out
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if isinstance(g.type, (DisconnectedType, NullType)):
-            return [disconnected_type() for _ in inputs]
-        g = _zeros_like_out(g, outputs[0])
-        return list(GpuBroadcast(self.labels, self.root, self.impl)(g))
-
 
 GPU_COMM_OPS = (GpuAllGather, GpuReduceScatter, GpuAllReduce, GpuBroadcast, GpuReduce)
 
 
-class GpuShard(GpuOp):
+class GpuShard(ShardBase, _GpuFamily):
     """Piece ``index`` of ``n`` along ``axis`` of a GPU array (local, no exchange).
 
-    The GPU :class:`cc2ops.comm.Shard`; pullback :class:`GpuShardGrad`.
+    The GPU :class:`~cc2ops.distributed.collectives.Shard`; pullback
+    :class:`GpuShardGrad`.
     """
 
     __props__ = ("n", "index", "axis")
-
-    def __init__(self, n: int, index: int, axis: int = 0) -> None:
-        Shard.__init__(self, n, index, axis)
 
     def make_node(self, x: Any) -> Apply:
         x = as_gpu_variable(x, op="GpuShard", role="x")
@@ -829,32 +733,17 @@ class GpuShard(GpuOp):
         return Apply(self, [x], [CudaArrayType(x.type.dtype, s, x.type.device)()])
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-
         (x,) = inputs
         d = node.inputs[0].type.device
         start, stop = shard_bounds(int(x.shape[self.axis]), self.n)[self.index]
         front = _front(x, self.axis, d)
         outputs[0][0] = _back(array.copy(_rows(front, start, stop), d), self.axis, d)
 
-    def _infer_shape(self, node, input_shapes):
-        return Shard._infer_shape(self, node, input_shapes)
 
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if isinstance(g.type, (DisconnectedType, NullType)):
-            return [disconnected_type()]
-        g = _zeros_like_out(g, outputs[0])
-        return [GpuShardGrad(self.n, self.index, self.axis)(g, inputs[0])]
-
-
-class GpuShardGrad(GpuOp):
+class GpuShardGrad(ShardGradBase, _GpuFamily):
     """Zeros like ``x`` with piece ``index`` along ``axis`` set to ``g`` (GPU)."""
 
     __props__ = ("n", "index", "axis")
-
-    def __init__(self, n: int, index: int, axis: int = 0) -> None:
-        Shard.__init__(self, n, index, axis)
 
     def make_node(self, g: Any, x: Any) -> Apply:
         x = as_gpu_variable(x, op="GpuShardGrad", role="x")
@@ -862,10 +751,6 @@ class GpuShardGrad(GpuOp):
         return Apply(self, [g, x], [x.type()])
 
     def perform(self, node, inputs, outputs):
-        from cc2ops.cuda import array
-        from cc2ops.cuda.availability import driver
-        from cc2ops.cuda.device import get_device
-
         g, x = inputs
         d = node.inputs[1].type.device
         start, stop = shard_bounds(int(x.shape[self.axis]), self.n)[self.index]
@@ -884,19 +769,6 @@ class GpuShardGrad(GpuOp):
                 array.ptr(dst), array.ptr(gf), gf.nbytes, dev.stream
             )
         outputs[0][0] = _back(full, self.axis, d)
-
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[1]]
-
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if isinstance(g.type, (DisconnectedType, NullType)):
-            return [disconnected_type(), disconnected_type()]
-        g = _zeros_like_out(g, outputs[0])
-        return [GpuShard(self.n, self.index, self.axis)(g), disconnected_type()]
 
 
 @register_lift(Shard)
@@ -920,13 +792,13 @@ def lift_shard_grad(fgraph, node, device):
 
 
 class GpuBackend(CommBackend):
-    """Collectives between GPUs for :func:`cc2ops.graph.multi_gpu.distribute`.
+    """Collectives between GPUs for :func:`cc2ops.distributed.hybrid.distribute`.
 
     Device-to-device collectives are the GPU ops above (inputs moved to their
     labels with ``as_gpu``; outputs returned as ``host_from_gpu``, which the
     GPU mode's lifting removes again around lifted consumers). Root <-> device
     operations on host values (the batch ``Scatter``, the loss ``Reduce``, the
-    root ``Gather``) are the host ops of :mod:`cc2ops.comm`.
+    root ``Gather``) are the host ops of :mod:`cc2ops.distributed.collectives`.
 
     Parameters
     ----------
@@ -945,14 +817,10 @@ class GpuBackend(CommBackend):
         self._host = VirtualBackend(self.labels)
 
     def _gpu(self, xs: Sequence[Variable]) -> list[Variable]:
-        from cc2ops.cuda.transfer import as_gpu
-
         return [as_gpu(x, d) for x, d in zip(xs, self.labels, strict=True)]
 
     @staticmethod
     def _host_of(outs: Any) -> list[Variable]:
-        from cc2ops.cuda.transfer import host_from_gpu
-
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         return [host_from_gpu(o) for o in outs]
 
@@ -968,8 +836,6 @@ class GpuBackend(CommBackend):
         return self._host_of(GpuAllReduce(self.labels, self.impl)(*self._gpu(xs)))
 
     def broadcast(self, x, root=0):
-        from cc2ops.cuda.transfer import as_gpu
-
         op = GpuBroadcast(self.labels, root, self.impl, self.bcast_stream)
         return self._host_of(op(as_gpu(x, self.labels[root])))
 
@@ -983,8 +849,6 @@ class GpuBackend(CommBackend):
         return self._host.gather([_host(x) for x in xs], axis)
 
     def new_state(self, var, placement):
-        from cc2ops.cuda.type import CudaSharedVariable, shared
-
         value = np.asarray(var.get_value())
         name = var.name or "shared"
         # the parts keep the original's static shape (pieces: their extent along
@@ -1023,8 +887,6 @@ class GpuBackend(CommBackend):
         return parts
 
     def state_view(self, part, out):
-        from cc2ops.cuda.transfer import host_from_gpu
-
         if isinstance(out.type, CudaArrayType):
             if part.type == out.type:
                 return part
@@ -1033,8 +895,6 @@ class GpuBackend(CommBackend):
         return view if view.type == out.type else out.type.filter_variable(view)
 
     def root_view(self, parts, placement, like=None):
-        from cc2ops.cuda.transfer import as_gpu, host_from_gpu
-
         hosts = [host_from_gpu(p) for p in parts]
         view = (
             hosts[0]
@@ -1055,8 +915,6 @@ class GpuBackend(CommBackend):
 
 
 def _host(x: Variable) -> Variable:
-    from cc2ops.cuda.transfer import as_host
-
     return as_host(x)
 
 
@@ -1070,34 +928,34 @@ _BACKEND_NAMES = {
 
 def gpu_backend(labels: Sequence[int], name: str = "gpu") -> GpuBackend:
     """The GPU backend called ``name`` ("gpu"/auto, "nccl", "peer", "gpu_virtual")."""
-    if name not in _BACKEND_NAMES:
-        raise ValueError(
-            f"cc2ops.graph.multi_gpu: backend must be 'virtual' or one of "
-            f"{tuple(_BACKEND_NAMES)}, got {name!r}"
-        )
-    return GpuBackend(labels, _BACKEND_NAMES[name])
-
-
-# --------------------------------------------------------------------------
-# the GPU multi-device mode
-# --------------------------------------------------------------------------
-
-
-class MultiGpuMode(MultiDeviceMode, GpuMode):
-    """The GPU mode (lifting, GPU linker) plus the multi-device function maker."""
-
-
-def multi_gpu_mode(linker: Any, labels: Sequence[int], impl: str = "auto") -> Any:
-    """A GPU mode over ``labels`` whose function maker localises the state.
-
-    ``cc2ops.cuda.mode(devices=[...])`` calls this for more than one label.
-    """
-    m = MultiGpuMode(linker=linker, optimizer="fast_run").including(
-        "cc2ops", "cc2ops_gpu"
-    )
-    m.backend = GpuBackend(labels, impl)
-    return m
+    return seam.comm_backend(labels, name)
 
 
 # keep the host root ops importable from here for the structure tests
 HOST_ROOT_OPS = (Reduce, Scatter, Gather)
+
+#: The GPU op of each kind (the skeleton's ``_op`` hook).
+_GPU_OPS = {
+    "all_gather": GpuAllGather,
+    "reduce_scatter": GpuReduceScatter,
+    "all_reduce": GpuAllReduce,
+    "broadcast": GpuBroadcast,
+    "reduce": GpuReduce,
+    "shard": GpuShard,
+    "shard_grad": GpuShardGrad,
+}
+
+seam.register(
+    seam.DeviceBackend(
+        name="cc2ops.cuda",
+        to_host=HostFromGpu,
+        from_host=GpuFromHost,
+        device_to_device=GpuToGpu,
+        as_host=as_host,
+        as_device=as_gpu,
+        is_device_type=lambda t: isinstance(t, CudaArrayType),
+        comm_backend=GpuBackend,
+        backend_names=_BACKEND_NAMES,
+        spmd_communicator=NcclCommunicator,
+    )
+)

@@ -18,7 +18,7 @@ from helpers import rng
 from pytensor.compile.mode import get_default_mode
 from pytensor.graph.traversal import ancestors
 
-import cc2ops.graph.fuse_softmax_loss  # noqa: F401  (registers the rules)
+import cc2ops.rewriting.fuse_softmax_loss  # noqa: F401  (registers the rules)
 from cc2ops.mode import mode as CC2OPS_MODE
 from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy
 

@@ -1,6 +1,6 @@
 """Rewrite hand-written softmax cross-entropy graphs into the fused cc2ops ops.
 
-The rules live in :data:`cc2ops.graph.db.fuse_softmax_loss_db` (tags
+The rules live in :data:`cc2ops.rewriting.db.fuse_softmax_loss_db` (tags
 ``fast_run`` and ``cc2ops``), which runs at position 1.55 of PyTensor's
 ``optdb``: after ``canonicalize`` (negation is then ``mul(-1, .)``, shapes are
 ``Shape_i``, constant ``arange`` s are folded) and ``stabilize`` (which turns
@@ -112,7 +112,7 @@ from pytensor.tensor.special import LogSoftmax, Softmax
 from pytensor.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor
 
 from cc2ops._op import FLOAT_DTYPES, INT_DTYPES
-from cc2ops.graph.db import fuse_softmax_loss_db
+from cc2ops.rewriting.db import fuse_softmax_loss_db
 from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad
 
 __all__ = [

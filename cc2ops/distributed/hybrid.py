@@ -9,8 +9,8 @@ it into K-device training:
 1. ``cost = distribute(cost, devices=K)`` **before** ``pytensor.grad``.
    Every variable of the forward graph gets a *placement* over the K
    devices, and small rules (the table :data:`RULES`, below) rebuild each
-   node per device, inserting collectives from :mod:`cc2ops.comm` where
-   placements do not fit. The result is a graph with the single-device
+   node per device, inserting collectives (:mod:`cc2ops.distributed.collectives`)
+   where placements do not fit. The result is a graph with the single-device
    value; ``pytensor.grad`` of it goes through the collectives' pullbacks
    (the pullback of an all-gather is a reduce-scatter, of a broadcast a
    reduce), so gradients are exact by construction. In this graph the
@@ -119,9 +119,10 @@ from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import Reshape, Shape, Shape_i
 
-from cc2ops.comm import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.conv import FilterActs
 from cc2ops.cross_map_norm import CrossMapNorm
+from cc2ops.distributed import seam
+from cc2ops.distributed.collectives import CommBackend, VirtualBackend, shard_bounds
 from cc2ops.dropout import Dropout, DropoutAdvance
 from cc2ops.pool import AvgPool, MaxPool
 from cc2ops.softmax_cross_entropy import SoftmaxCrossEntropy, TopKError
@@ -189,8 +190,8 @@ class NotBatchSeparableError(ValueError):
 def comm_kind(op: Any) -> str | None:
     """The collective an op performs (``"all_gather"``, ``"broadcast"``...) or None.
 
-    Host ops of :mod:`cc2ops.comm` and the GPU ops of :mod:`cc2ops.cuda.comm`
-    both carry it (class attribute ``comm_kind``).
+    Host ops of :mod:`cc2ops.distributed.collectives` and the GPU ops of
+    :mod:`cc2ops.cuda.ops.comm` both carry it (class attribute ``comm_kind``).
     """
     return getattr(op, "comm_kind", None)
 
@@ -291,8 +292,9 @@ class Distributor:
     Parameters
     ----------
     backend : CommBackend
-        Builds the collectives (:class:`cc2ops.comm.VirtualBackend`, or a GPU
-        backend from :mod:`cc2ops.cuda.comm`).
+        Builds the collectives
+        (:class:`~cc2ops.distributed.collectives.VirtualBackend`, or a GPU
+        backend from :mod:`cc2ops.cuda.ops.comm`).
     conv_nodes : set of Apply
         The nodes of the conv (data-parallel) segment.
     fc_nodes : set of Apply
@@ -761,22 +763,18 @@ def rule_sum(dz: Distributor, node: Any, dists: Sequence[Dist]):
     return placement, dz.per_device(node, [[v] for v in d.vars])
 
 
-_TRANSFERS = ("HostFromGpu", "GpuFromHost", "GpuToGpu")
-
-
 def rule_transfer(dz: Distributor, node: Any, dists: Sequence[Dist]):
     """host <-> GPU transfers of a distributed value: per device, to that
-    device's label; the placement is kept."""
-    name = type(node.op).__name__
-    if name not in _TRANSFERS:
+    device's label; the placement is kept (the transfer ops are the ones the
+    device backend registered, :mod:`cc2ops.distributed.seam`)."""
+    direction = seam.transfer_direction(node.op)
+    if direction is None:
         return None
-    from cc2ops.cuda.transfer import as_gpu, as_host
-
     (d,) = dists
-    if name == "HostFromGpu":
-        outs = [[as_host(v)] for v in d.vars]
+    if direction == "to_host":
+        outs = [[seam.to_host(v)] for v in d.vars]
     else:
-        outs = [[as_gpu(v, dz.backend.labels[k])] for k, v in enumerate(d.vars)]
+        outs = [[seam.to_device(v, dz.backend.labels[k])] for k, v in enumerate(d.vars)]
     dz._tag([o[0] for o in outs])
     return d.placement, outs
 
@@ -883,9 +881,7 @@ def _backend(devices: Any, backend: Any, func: str = "multi_gpu") -> CommBackend
     labels = device_labels(devices, func)
     if backend in (None, "virtual", "host"):
         return VirtualBackend(labels)
-    from cc2ops.cuda.comm import gpu_backend
-
-    return gpu_backend(labels, backend)
+    return seam.comm_backend(labels, backend)
 
 
 def distribute(
@@ -911,9 +907,9 @@ def distribute(
         K, the K device labels (GPU backends), or the multi-device mode the
         function will be compiled in (its backend is used).
     backend : {"virtual", "nccl", "peer", "gpu_virtual"} or CommBackend
-        ``"virtual"``: host collectives (:mod:`cc2ops.comm`), K logical
-        devices on the CPU. The others are GPU backends
-        (:mod:`cc2ops.cuda.comm`).
+        ``"virtual"``: host collectives
+        (:mod:`cc2ops.distributed.collectives`), K logical devices on the CPU.
+        The others are GPU backends (:mod:`cc2ops.cuda.ops.comm`).
     split_at : Variable, optional
         The variable ending the conv segment (default :func:`find_split`).
     scheme : {"a", "b"}
@@ -950,12 +946,7 @@ def distribute(
 
 def _peel(var: Variable) -> Variable:
     """Through transfers (gpu_from_host, host_from_gpu) to the underlying value."""
-    while var.owner is not None and type(var.owner.op).__name__ in (
-        "GpuFromHost",
-        "HostFromGpu",
-    ):
-        var = var.owner.inputs[0]
-    return var
+    return seam.peel(var)
 
 
 def _rebuild(outputs: Sequence[Variable], memo: dict) -> list[Variable]:
@@ -1248,10 +1239,10 @@ def _batch_evidence(inputs: list, outputs: Any) -> list[str]:
     if any(comm_kind(n.op) is not None for n in nodes):
         return []
     labels = {
-        v.type.device
+        seam.device_label(v.type)
         for n in nodes
         for v in (*n.inputs, *n.outputs)
-        if getattr(v.type, "device", None) is not None
+        if seam.device_label(v.type) is not None
     }
     if len(labels) > 1:
         return []

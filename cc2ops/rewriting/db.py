@@ -3,8 +3,8 @@
 Each database is registered once, here, under its own tag, so a mode opts in
 by name (``mode.including("cc2ops_gpu")``) and a user opts out the same way
 (``mode.excluding("cc2ops_fuse_softmax_loss")``). Rewrite modules under
-``cc2ops.graph`` register their rules into these databases when
-:mod:`cc2ops.graph` is imported; the GPU rules (:mod:`cc2ops.cuda.rewriting`
+``cc2ops.rewriting`` register their rules into these databases when
+:mod:`cc2ops.rewriting` is imported; the GPU rules (:mod:`cc2ops.cuda.rewriting`
 and the GPU op modules) register theirs when :mod:`cc2ops.cuda` is imported.
 The databases live here, in the frontend, so the GPU backend registers into
 them and nothing here imports the backend.

@@ -33,7 +33,7 @@ from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu
 from cc2ops.cuda.type import CudaArrayType, CudaSharedVariable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.step_net import (  # noqa: E402
     build_step,
     dropout_state_on_gpu,

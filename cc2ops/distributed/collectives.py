@@ -5,7 +5,7 @@ op with K per-device inputs and/or K per-device outputs is ONE ``Apply`` node,
 input/output ``k`` belonging to device ``k`` (the one-process-drives-K-devices
 model of ``ncclCommInitAll`` + group calls). These host ops are the *virtual*
 backend (K logical devices sharing the CPU) and the reference semantics of the
-GPU collectives in :mod:`cc2ops.cuda.comm`.
+GPU collectives in :mod:`cc2ops.cuda.ops.comm`.
 
 The ops and their pullbacks (each family is closed under differentiation)::
 
@@ -52,12 +52,13 @@ from pytensor.graph.null_type import NullType
 from pytensor.graph.traversal import graph_inputs
 from pytensor.tensor.type import TensorType
 
-from cc2ops._op import Cc2Op, _as_tensor
+from cc2ops._op import Cc2Op, as_tensor
 
 __all__ = [
     "check_split",
     "shard_bounds",
     "shard_sizes",
+    "symbolic_piece",
     "AllGather",
     "ReduceScatter",
     "AllReduce",
@@ -88,7 +89,7 @@ def shard_bounds(extent: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _symbolic_piece(extent: Any, n: int, i: int) -> tuple[Any, Any]:
+def symbolic_piece(extent: Any, n: int, i: int) -> tuple[Any, Any]:
     """(start, size) of piece ``i`` of a symbolic ``extent`` (array_split rule)."""
     size = (extent + (n - 1 - i)) // n
     start = i * (extent // n) + pt.minimum(i, extent % n)
@@ -114,7 +115,7 @@ def _tensors(op: str, xs: Sequence[Any], n: int, axis: int | None = None) -> lis
         raise ValueError(
             f"{op}: expected {n} per-device inputs (one per device), got {len(xs)}"
         )
-    xs = [_as_tensor(op, f"input {k}", x) for k, x in enumerate(xs)]
+    xs = [as_tensor(op, f"input {k}", x) for k, x in enumerate(xs)]
     first = xs[0].type
     for k, x in enumerate(xs[1:], start=1):
         if x.type.dtype != first.dtype or x.type.ndim != first.ndim:
@@ -208,19 +209,219 @@ def _check_same_shape(op: str, xs: Sequence[np.ndarray]) -> None:
             )
 
 
-class _CommOp(Cc2Op):
-    """Base of the collectives: ``n`` devices, optional ``axis``."""
+# --------------------------------------------------------------------------
+# the skeletons: what a host collective and its GPU twin share
+# --------------------------------------------------------------------------
+
+
+class CollectiveBase:
+    """The skeleton shared by the host ops here and their GPU twins.
+
+    A family's base (:class:`AllGatherBase`, ...) writes shape inference, the
+    connection pattern and the pullback once; the host op (below) and the GPU
+    op (:mod:`cc2ops.cuda.ops.comm`) add their props, ``make_node`` and
+    ``perform``, and two hooks through which the pullbacks stay on their
+    backend:
+
+    - ``_cotangent(g, out)``: ``g`` as a cotangent of the output ``out``
+      (zeros like ``out`` where ``g`` is disconnected; on ``out``'s device for
+      a GPU op);
+    - ``_op(kind, **params)``: the op of ``kind`` (a ``comm_kind``, or
+      ``"shard"`` / ``"shard_grad"``) of the same backend and devices.
+
+    ``n`` is the number of devices. The backend's base class (``_HostOp``
+    here) derives from this one, so its hooks come before the family
+    skeleton's in the method order.
+    """
+
+    n: int
+    #: Whether a cotangent that is a graph of constants is the same on every
+    #: device without a broadcast (host values; a GPU value has one device)
+    _constant_cotangent_is_local = False
+
+    def _cotangent(self, g: Variable, out: Variable) -> Variable:
+        raise NotImplementedError(f"{type(self).__name__} has no _cotangent")
+
+    def _op(self, kind: str, **params: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no _op")
+
+    def _cotangents(self, outputs, cotangents) -> list[Variable]:
+        return [self._cotangent(g, o) for g, o in zip(cotangents, outputs, strict=True)]
+
+
+class AllGatherBase(CollectiveBase):
+    """Every device gets the concatenation along ``axis``; pullback: reduce-scatter
+    with the pieces' extents."""
+
+    comm_kind = "all_gather"
+    axis: int
+
+    def _infer_shape(self, node, input_shapes):
+        shape = list(input_shapes[0])
+        shape[self.axis] = sum(s[self.axis] for s in input_shapes)
+        return [tuple(shape)] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = self._cotangents(outputs, cotangents)
+        sizes = pt.stack([x.shape[self.axis] for x in inputs])
+        return self._op("reduce_scatter", axis=self.axis)(*gs, sizes=sizes)
+
+
+class ReduceScatterBase(CollectiveBase):
+    """Device k gets piece k of the sum (optional ``sizes`` input after the
+    ``n`` data inputs); pullback: all-gather."""
+
+    comm_kind = "reduce_scatter"
+    axis: int
+
+    def _infer_shape(self, node, input_shapes):
+        out = []
+        for k in range(self.n):
+            s = list(input_shapes[0])
+            if len(node.inputs) > self.n:
+                s[self.axis] = node.inputs[self.n][k]
+            else:
+                s[self.axis] = symbolic_piece(s[self.axis], self.n, k)[1]
+            out.append(tuple(s))
+        return out
+
+    def connection_pattern(self, node):
+        pattern = [[True] * self.n for _ in range(self.n)]
+        if len(node.inputs) > self.n:
+            pattern.append([False] * self.n)
+        return pattern
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = self._cotangents(outputs, cotangents)
+        grads = list(self._op("all_gather", axis=self.axis)(*gs))
+        if len(inputs) > self.n:
+            grads.append(disconnected_type())
+        return grads
+
+
+class AllReduceBase(CollectiveBase):
+    """Every device gets the sum; pullback: all-reduce."""
+
+    comm_kind = "all_reduce"
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = self._cotangents(outputs, cotangents)
+        return list(self._op("all_reduce")(*gs))
+
+
+class BroadcastBase(CollectiveBase):
+    """The root's input on every device; pullback: reduce to the root."""
+
+    comm_kind = "broadcast"
+    root: int
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]] * self.n
+
+    def pullback(self, inputs, outputs, cotangents):
+        gs = self._cotangents(outputs, cotangents)
+        return [self._op("reduce", root=self.root)(*gs)]
+
+
+class ReduceBase(CollectiveBase):
+    """The sum on the root device; pullback: broadcast from the root."""
+
+    comm_kind = "reduce"
+    root: int
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[0]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type() for _ in inputs]
+        g = self._cotangent(g, outputs[0])
+        if self._constant_cotangent_is_local and all(
+            isinstance(v, Constant) for v in graph_inputs([g])
+        ):
+            # every device can compute a constant (the cost's seed cotangent)
+            return [g] * self.n
+        return _as_list(self._op("broadcast", root=self.root)(g))
+
+
+class ShardBase(CollectiveBase):
+    """Piece ``index`` of ``n`` along ``axis`` (local); pullback: shard_grad."""
+
+    def __init__(self, n: int, index: int, axis: int = 0) -> None:
+        # the messages name Shard for the whole family (as in 0.1)
+        self.n = _check_n("Shard", n)
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, (int, np.integer))
+            or not (0 <= index < self.n)
+        ):
+            raise ValueError(f"Shard: index must be in 0..{self.n - 1}, got {index!r}")
+        self.index = int(index)
+        self.axis = _check_axis("Shard", axis)
+
+    def _infer_shape(self, node, input_shapes):
+        s = list(input_shapes[0])
+        s[self.axis] = symbolic_piece(s[self.axis], self.n, self.index)[1]
+        return [tuple(s)]
+
+    def _piece_op(self, kind: str) -> Any:
+        return self._op(kind, index=self.index, axis=self.axis)
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type()]
+        g = self._cotangent(g, outputs[0])
+        return [self._piece_op("shard_grad")(g, inputs[0])]
+
+
+class ShardGradBase(ShardBase):
+    """Zeros like ``x`` with piece ``index`` set to ``g``; pullback: shard."""
+
+    def _infer_shape(self, node, input_shapes):
+        return [input_shapes[1]]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+    def pullback(self, inputs, outputs, cotangents):
+        (g,) = cotangents
+        if not _connected(g):
+            return [disconnected_type(), disconnected_type()]
+        g = self._cotangent(g, outputs[0])
+        return [self._piece_op("shard")(g), disconnected_type()]
+
+
+# --------------------------------------------------------------------------
+# the host ops
+# --------------------------------------------------------------------------
+
+
+class _HostOp(CollectiveBase, Cc2Op):
+    """The host side of the skeleton's hooks: host cotangents, host ops."""
+
+    _constant_cotangent_is_local = True
+
+    def _cotangent(self, g: Variable, out: Variable) -> Variable:
+        return _zeros_for(g, out)
+
+    def _op(self, kind: str, **params: Any) -> Any:
+        return _HOST_OPS[kind](self.n, **params)
+
+
+class _CommOp(_HostOp):
+    """Base of the host collectives: ``n`` devices, optional ``axis``."""
 
     def do_constant_folding(self, fgraph: Any, node: Apply) -> bool:
         # folding would run a collective while a graph is rewritten
         return False
 
-    def __str__(self) -> str:
-        props = ", ".join(f"{p}={getattr(self, p)}" for p in self.__props__)
-        return f"{type(self).__name__}{{{props}}}"
 
-
-class AllGather(_CommOp):
+class AllGather(AllGatherBase, _CommOp):
     """Every device receives the concatenation of all devices' inputs along ``axis``.
 
     Parameters
@@ -236,7 +437,6 @@ class AllGather(_CommOp):
     arrays. Pullback: :class:`ReduceScatter` with the inputs' extents.
     """
 
-    comm_kind = "all_gather"
     __props__ = ("n", "axis")
 
     def __init__(self, n: int, axis: int = 0) -> None:
@@ -255,18 +455,8 @@ class AllGather(_CommOp):
         for k in range(self.n):
             outputs[k][0] = full if k == 0 else full.copy()
 
-    def _infer_shape(self, node, input_shapes):
-        shape = list(input_shapes[0])
-        shape[self.axis] = sum(s[self.axis] for s in input_shapes)
-        return [tuple(shape)] * self.n
 
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        sizes = pt.stack([x.shape[self.axis] for x in inputs])
-        return ReduceScatter(self.n, self.axis)(*gs, sizes=sizes)
-
-
-class ReduceScatter(_CommOp):
+class ReduceScatter(ReduceScatterBase, _CommOp):
     """Device ``k`` receives piece ``k`` (along ``axis``) of the sum of all inputs.
 
     Parameters
@@ -283,7 +473,6 @@ class ReduceScatter(_CommOp):
     :class:`AllGather`.
     """
 
-    comm_kind = "reduce_scatter"
     __props__ = ("n", "axis")
 
     def __init__(self, n: int, axis: int = 0) -> None:
@@ -323,33 +512,8 @@ class ReduceScatter(_CommOp):
         ):
             outputs[k][0] = piece
 
-    def _infer_shape(self, node, input_shapes):
-        shape = list(input_shapes[0])
-        out = []
-        for k in range(self.n):
-            s = list(shape)
-            if len(node.inputs) > self.n:
-                s[self.axis] = node.inputs[self.n][k]
-            else:
-                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
-            out.append(tuple(s))
-        return out
 
-    def connection_pattern(self, node):
-        pattern = [[True] * self.n for _ in range(self.n)]
-        if len(node.inputs) > self.n:
-            pattern.append([False] * self.n)
-        return pattern
-
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        grads = list(AllGather(self.n, self.axis)(*gs))
-        if len(inputs) > self.n:
-            grads.append(disconnected_type())
-        return grads
-
-
-class AllReduce(_CommOp):
+class AllReduce(AllReduceBase, _CommOp):
     """Every device receives the sum of all devices' inputs.
 
     Notes
@@ -357,7 +521,6 @@ class AllReduce(_CommOp):
     Inputs share one shape. Pullback: :class:`AllReduce` of the cotangents.
     """
 
-    comm_kind = "all_reduce"
     __props__ = ("n",)
 
     def __init__(self, n: int) -> None:
@@ -376,15 +539,8 @@ class AllReduce(_CommOp):
         for k in range(self.n):
             outputs[k][0] = total if k == 0 else total.copy()
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]] * self.n
 
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        return list(AllReduce(self.n)(*gs))
-
-
-class Broadcast(_CommOp):
+class Broadcast(BroadcastBase, _CommOp):
     """The root device's input, copied to all ``n`` devices.
 
     Parameters
@@ -399,7 +555,6 @@ class Broadcast(_CommOp):
     One input (the root's), ``n`` outputs. Pullback: :class:`Reduce` to root.
     """
 
-    comm_kind = "broadcast"
     __props__ = ("n", "root")
 
     def __init__(self, n: int, root: int = 0) -> None:
@@ -420,22 +575,15 @@ class Broadcast(_CommOp):
         return isinstance(node.inputs[0], Constant)
 
     def make_node(self, x: Any) -> Apply:
-        x = _as_tensor("Broadcast", "input", x)
+        x = as_tensor("Broadcast", "input", x)
         return Apply(self, [x], [x.type() for _ in range(self.n)])
 
     def perform(self, node, inputs, outputs):
         for k in range(self.n):
             outputs[k][0] = np.array(inputs[0], copy=True)
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]] * self.n
 
-    def pullback(self, inputs, outputs, cotangents):
-        gs = [_zeros_for(g, o) for g, o in zip(cotangents, outputs, strict=True)]
-        return [Reduce(self.n, self.root)(*gs)]
-
-
-class Reduce(_CommOp):
+class Reduce(ReduceBase, _CommOp):
     """The sum of all devices' inputs, on the root device.
 
     Notes
@@ -443,7 +591,6 @@ class Reduce(_CommOp):
     Inputs share one shape. Pullback: :class:`Broadcast` from root.
     """
 
-    comm_kind = "reduce"
     __props__ = ("n", "root")
 
     def __init__(self, n: int, root: int = 0) -> None:
@@ -467,18 +614,6 @@ class Reduce(_CommOp):
         for x in inputs[1:]:
             total += x
         outputs[0][0] = total
-
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[0]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if not _connected(g):
-            return [disconnected_type() for _ in inputs]
-        if all(isinstance(v, Constant) for v in graph_inputs([g])):
-            # every device can compute a constant (the cost's seed cotangent)
-            return [g] * self.n
-        return _as_list(Broadcast(self.n, self.root)(g))
 
 
 class Scatter(_CommOp):
@@ -536,7 +671,7 @@ class Scatter(_CommOp):
             if len(node.inputs) > 1:
                 s[self.axis] = node.inputs[1][k]
             else:
-                s[self.axis] = _symbolic_piece(shape[self.axis], self.n, k)[1]
+                s[self.axis] = symbolic_piece(shape[self.axis], self.n, k)[1]
             out.append(tuple(s))
         return out
 
@@ -592,7 +727,7 @@ class Gather(_CommOp):
         return list(Scatter(self.n, self.axis)(g, sizes=sizes))
 
 
-class Shard(Cc2Op):
+class Shard(ShardBase, _HostOp):
     """Piece ``index`` of ``n`` (``numpy.array_split`` rule) of ``x`` along ``axis``.
 
     A local op: a device that holds the whole value keeps its own piece.
@@ -600,17 +735,6 @@ class Shard(Cc2Op):
     """
 
     __props__ = ("n", "index", "axis")
-
-    def __init__(self, n: int, index: int, axis: int = 0) -> None:
-        self.n = _check_n("Shard", n)
-        if (
-            isinstance(index, bool)
-            or not isinstance(index, (int, np.integer))
-            or not (0 <= index < self.n)
-        ):
-            raise ValueError(f"Shard: index must be in 0..{self.n - 1}, got {index!r}")
-        self.index = int(index)
-        self.axis = _check_axis("Shard", axis)
 
     def make_node(self, x: Any) -> Apply:
         (x,) = _tensors("Shard", [x], 1, self.axis)
@@ -629,31 +753,14 @@ class Shard(Cc2Op):
         index[self.axis] = slice(start, stop)
         outputs[0][0] = np.array(x[tuple(index)], copy=True)
 
-    def _infer_shape(self, node, input_shapes):
-        s = list(input_shapes[0])
-        s[self.axis] = _symbolic_piece(s[self.axis], self.n, self.index)[1]
-        return [tuple(s)]
 
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if not _connected(g):
-            return [disconnected_type()]
-        return [ShardGrad(self.n, self.index, self.axis)(g, inputs[0])]
-
-    def __str__(self) -> str:
-        return f"Shard{{n={self.n}, index={self.index}, axis={self.axis}}}"
-
-
-class ShardGrad(Cc2Op):
+class ShardGrad(ShardGradBase, _HostOp):
     """Zeros shaped like ``x`` with piece ``index`` (along ``axis``) set to ``g``.
 
     The pullback of :class:`Shard`; ``x`` only gives the shape.
     """
 
     __props__ = ("n", "index", "axis")
-
-    def __init__(self, n: int, index: int, axis: int = 0) -> None:
-        Shard.__init__(self, n, index, axis)
 
     def make_node(self, g: Any, x: Any) -> Apply:
         g, x = _tensors("ShardGrad", [g, x], 2, self.axis)
@@ -673,26 +780,24 @@ class ShardGrad(Cc2Op):
         out[tuple(index)] = g
         outputs[0][0] = out
 
-    def _infer_shape(self, node, input_shapes):
-        return [input_shapes[1]]
-
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
-    def pullback(self, inputs, outputs, cotangents):
-        (g,) = cotangents
-        if not _connected(g):
-            return [disconnected_type(), disconnected_type()]
-        return [Shard(self.n, self.index, self.axis)(g), disconnected_type()]
-
-    def __str__(self) -> str:
-        return f"ShardGrad{{n={self.n}, index={self.index}, axis={self.axis}}}"
-
 
 #: The collectives (the ops that move data between devices).
 COMM_OPS = (AllGather, ReduceScatter, AllReduce, Broadcast, Reduce, Scatter, Gather)
 #: Local piece selection (no data moves between devices).
 LOCAL_OPS = (Shard, ShardGrad)
+
+#: The host op of each kind (the skeleton's ``_op`` hook).
+_HOST_OPS = {
+    "all_gather": AllGather,
+    "reduce_scatter": ReduceScatter,
+    "all_reduce": AllReduce,
+    "broadcast": Broadcast,
+    "reduce": Reduce,
+    "scatter": Scatter,
+    "gather": Gather,
+    "shard": Shard,
+    "shard_grad": ShardGrad,
+}
 
 
 class CommBackend(ABC):
@@ -701,7 +806,7 @@ class CommBackend(ABC):
     Each method takes per-device graph variables (index = device position
     0..K-1) and returns per-device variables as *host tensors* the rewritten
     graph can use: the host/virtual backend returns the host ops' outputs,
-    the GPU backends (:mod:`cc2ops.cuda.comm`) move the inputs to their
+    the GPU backends (:mod:`cc2ops.cuda.ops.comm`) move the inputs to their
     devices, run a GPU collective and return ``host_from_gpu`` of its
     outputs, which the GPU mode's lifting then keeps on the devices.
 
