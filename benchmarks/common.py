@@ -361,20 +361,6 @@ def _check_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _keep_history(path: Path, commit: str) -> None:
-    """A same-day file of another commit is history: move it to
-    ``<name>-<its commit>.json`` instead of overwriting it."""
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text()).get("commit", "unknown")
-    except (OSError, ValueError):
-        return
-    if str(old)[:7] == str(commit)[:7]:
-        return
-    path.replace(path.with_name(f"{path.stem}-{str(old)[:7]}.json"))
-
-
 def write_results(
     benchmark: str,
     rows: Sequence[dict[str, Any]],
@@ -384,6 +370,9 @@ def write_results(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<out_dir>/<benchmark>-<gpu>-<YYYYMMDD>.json``; print the table.
+
+    A same-day file is replaced: git keeps the earlier version, and every file
+    records the commit it measured (``commit``).
 
     Returns the path. ``extra`` adds top-level keys (e.g. notes, settings).
     """
@@ -403,7 +392,6 @@ def write_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{benchmark}-{gpu_tag(name)}-{today:%Y%m%d}.json"
-    _keep_history(path, doc["commit"])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)
