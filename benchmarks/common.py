@@ -50,7 +50,6 @@ __all__ = [
     "time_cuda",
     "time_graph",
     "time_host",
-    "rel_err",
     "gpu_name",
     "gpu_tag",
     "git_commit",
@@ -251,17 +250,6 @@ def time_host(
         _sync_all(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return float(statistics.median(times))
-
-
-def rel_err(a: Any, b: Any) -> float:
-    """``||a - b|| / ||b||`` in float64 (0 when both are zero)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"rel_err: shapes differ: {a.shape} vs {b.shape}")
-    den = float(np.linalg.norm(b))
-    num = float(np.linalg.norm(a - b))
-    return num / den if den else num
 
 
 def gpu_name(device: int = 0) -> str:
