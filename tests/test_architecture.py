@@ -85,6 +85,18 @@ def test_import_cc2ops_testing_loads_no_backend():
     assert cuda == [], f"import cc2ops.testing loaded {cuda}"
 
 
+def test_tests_take_the_nets_from_cc2ops_testing_not_benchmarks():
+    """One net definition: the tests import the nets (and compare helpers) from
+    cc2ops.testing, never from benchmarks/ through a sys.path edit."""
+    pattern = re.compile(r"^\s*(from|import)\s+benchmarks\b", re.M)
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if pattern.search(p.read_text())
+    ]
+    assert offenders == [], f"tests importing benchmarks/: {offenders}"
+
+
 def test_gpu_step_of_the_net_table_goes_through_the_seam():
     proc = _run(
         "import sys\n"
