@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
     base_parser,
-    rel_err,
     time_cuda,
     time_graph,
     torch_peer,
     write_results,
 )
 from cc2ops.shapes import conv_flops  # noqa: E402
+from cc2ops.testing.compare import rel_err  # noqa: E402
 
 #: (name, channels, filters, image size, filter size, stride, padding)
 LAYERS = [

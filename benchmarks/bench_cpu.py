@@ -65,8 +65,8 @@ from benchmarks.common import (  # noqa: E402
     base_parser,
     git_commit,
     markdown_table,
-    rel_err,
 )
+from cc2ops.testing.compare import rel_err  # noqa: E402
 
 THREADS = 2
 MODES = ("cc2ops", "numba", "object", "jax")

@@ -42,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import (  # noqa: E402
     COPY_CEILING_GBPS,
     base_parser,
-    rel_err,
     time_cuda,
     time_graph,
     torch_peer,
     write_results,
 )
+from cc2ops.testing.compare import rel_err  # noqa: E402
 
 BATCH = 128
 

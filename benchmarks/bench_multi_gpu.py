@@ -84,12 +84,8 @@ from benchmarks.common import (  # noqa: E402
     time_host,
     write_results,
 )
-from benchmarks.step_net import (  # noqa: E402
-    imagenet_config,
-    init_params,
-    param_names,
-)
 from cc2ops.graph import multi_gpu as mg  # noqa: E402
+from cc2ops.testing.nets import StepConfig, build_step  # noqa: E402
 
 PAPER_SPEEDUP = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
 PEER = "cc2ops K=1 step, same script, same run, same per-device batch"
@@ -153,57 +149,30 @@ def make_mode(
 def build(cfg, params, mode, labels, scheme, share=None, spmd=False):
     """The training step graph: ``(inputs, loss, updates, shared, velocities)``.
 
-    Distributed with ``multi_gpu.distribute(loss, mode)`` before
+    :func:`cc2ops.testing.nets.build_step` of ``cfg`` (the example's net and
+    momentum-SGD step, the one ``bench_step`` times) with images of any batch
+    and the loss as its only output, distributed with
+    ``multi_gpu.distribute(outputs, mode, scheme=scheme)`` before
     ``pytensor.grad`` when K > 1 or ``spmd``. ``share(value, name)`` makes a
-    parameter (default a ``cc2ops.cuda.shared`` on ``labels[0]``).
+    parameter (default a GPU shared variable on ``labels[0]``).
     """
-    if share is None:
-
-        def share(value, name):
-            return cc2ops.cuda.shared(
-                value, device=labels[0], name=name, shape=np.shape(value)
-            )
-
-    x = pt.tensor(
-        "images", dtype=cfg.dtype, shape=(None, cfg.channels, cfg.image, cfg.image)
-    )
-    y = pt.ivector("labels")
-    shared = {n: share(np.asarray(params[n], cfg.dtype), n) for n in param_names(cfg)}
-    h = x
-    for i, layer in enumerate(cfg.conv):
-        w, b = shared[f"conv{i + 1}_w"], shared[f"conv{i + 1}_b"]
-        h = cc2ops.conv2d(h, w, stride=layer.stride, padding=layer.padding)
-        h = pt.maximum(h + b.dimshuffle("x", 0, "x", "x"), 0)
-        if layer.norm:
-            h = cc2ops.cross_map_norm(
-                h,
-                size=cfg.norm_size,
-                alpha=cfg.norm_alpha,
-                beta=cfg.norm_beta,
-                k=cfg.norm_k,
-            )
-        if layer.pool:
-            h = cc2ops.max_pool2d(h, 3, 2)
-    h = h.flatten(2)
-    for j in range(len(cfg.fc)):
-        h = pt.maximum(pt.dot(h, shared[f"fc{j + 1}_w"]) + shared[f"fc{j + 1}_b"], 0)
-    j = len(cfg.fc)
-    logits = pt.dot(h, shared[f"fc{j + 1}_w"]) + shared[f"fc{j + 1}_b"]
-    loss = cc2ops.softmax_cross_entropy(logits, y).mean()
+    distribute = None
     if len(labels) > 1 or spmd:
-        loss = mg.distribute(loss, mode, scheme=scheme)
-    names = list(shared)
-    grads = pytensor.grad(loss, [shared[n] for n in names])
-    lr = np.asarray(cfg.lr, cfg.dtype)
-    mom = np.asarray(cfg.momentum, cfg.dtype)
-    wd = np.asarray(cfg.weight_decay, cfg.dtype)
-    updates, velocities = [], {}
-    for n, g in zip(names, grads, strict=True):
-        p = shared[n]
-        v = velocities[n] = share(np.zeros_like(params[n], dtype=cfg.dtype), f"v_{n}")
-        v_new = mom * v + (g + wd * p)
-        updates += [(v, v_new), (p, p - lr * v_new)]
-    return [x, y], loss, updates, shared, velocities
+
+        def distribute(outputs):
+            return mg.distribute(outputs, mode, scheme=scheme)
+
+    step = build_step(
+        cfg,
+        params,
+        gpu_params=share is None,
+        device=labels[0],
+        static_batch=False,
+        share=share,
+        distribute=distribute,
+        error=False,
+    )
+    return step.inputs, step.outputs[0], step.updates, step.params, step.velocities
 
 
 def make_row(
@@ -352,9 +321,8 @@ def breakdown(
         k = len(labels)
         try:
             cfg = cfg_of(k)
-            params = init_params(cfg, seed=0)
-            images = r.normal(size=(cfg.batch, cfg.channels, cfg.image, cfg.image))
-            images = images.astype(cfg.dtype)
+            params = cfg.init_params()
+            images = r.normal(size=cfg.image_shape).astype(np.float32)
             targets = r.integers(0, cfg.classes, cfg.batch).astype("int32")
             mode = make_mode(labels, kind, scheme, linker="py")
             ins, loss, updates, _, _ = build(cfg, params, mode, labels, scheme)
@@ -403,7 +371,7 @@ def dry_run(args, runs, cfg_of) -> None:
     for labels, kind, scheme in runs:
         k = len(labels)
         cfg = cfg_of(k)
-        params = init_params(cfg, seed=0)
+        params = cfg.init_params()
         mode = make_mode(labels, kind, scheme)
         t0 = time.perf_counter()
         ins, loss, updates, _, _ = build(cfg, params, mode, labels, scheme)
@@ -531,10 +499,10 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
     image = args.image
     rows, failures = [], []
     start = time.monotonic()
-    cfg1 = imagenet_config(batch=per_gpu, dropout=0.0, image=image)
-    params = init_params(cfg1, seed=0)
+    cfg1 = StepConfig("imagenet", batch=per_gpu, crop=image, dropout=False)
+    params = cfg1.init_params()
     r = np.random.default_rng(0)
-    big = r.normal(size=(per_gpu * size, 3, image, image)).astype(cfg1.dtype)
+    big = r.normal(size=(per_gpu * size, 3, image, image)).astype(np.float32)
     big_y = r.integers(0, cfg1.classes, per_gpu * size).astype("int32")
     mine = slice(rank * per_gpu, (rank + 1) * per_gpu)
     ins, loss, updates, shared, vel = build(cfg1, params, base, (local,), "a", share)
@@ -549,7 +517,7 @@ def spmd_main(args, per_gpu: int, warmup: int, iters: int) -> None:
     for scheme in schemes:
         try:
             t0 = time.perf_counter()
-            cfg = imagenet_config(batch=per_gpu * size, dropout=0.0, image=image)
+            cfg = cfg1.with_(batch=per_gpu * size)
             # the example's collectives: NCCL on the GPUs, MPI on the CPU
             mode = dist.mode(
                 1 if args.flat_groups else size,
@@ -653,7 +621,7 @@ def main(argv=None) -> None:
     warmup = 2 if args.quick else args.warmup
 
     def cfg_of(k: int):
-        return imagenet_config(batch=per_gpu * k, dropout=0.0)
+        return StepConfig("imagenet", batch=per_gpu * k, dropout=False)
 
     if args.spmd:
         spmd_main(args, per_gpu, warmup, iters)
@@ -690,9 +658,8 @@ def main(argv=None) -> None:
             k = len(labels)
             try:
                 cfg = cfg_of(k)
-                params = init_params(cfg, seed=0)
-                images = r.normal(size=(cfg.batch, cfg.channels, cfg.image, cfg.image))
-                images = images.astype(cfg.dtype)
+                params = cfg.init_params()
+                images = r.normal(size=cfg.image_shape).astype(np.float32)
                 targets = r.integers(0, cfg.classes, cfg.batch).astype("int32")
                 t0 = time.perf_counter()
                 mode = make_mode(labels, kind, scheme)
@@ -704,8 +671,8 @@ def main(argv=None) -> None:
                     # the single-device first loss of every per-device slice of
                     # the largest K's batch, each at the initial parameters
                     n = per_gpu * max(len(c[0]) for c in runs)
-                    big = r.normal(size=(n, cfg.channels, cfg.image, cfg.image))
-                    big = big.astype(cfg.dtype)
+                    big = r.normal(size=(n, *cfg.image_shape[1:]))
+                    big = big.astype(np.float32)
                     big_y = r.integers(0, cfg.classes, n).astype("int32")
                     slices = []
                     for s in range(n // per_gpu):

@@ -50,7 +50,6 @@ __all__ = [
     "time_cuda",
     "time_graph",
     "time_host",
-    "rel_err",
     "gpu_name",
     "gpu_tag",
     "git_commit",
@@ -253,17 +252,6 @@ def time_host(
     return float(statistics.median(times))
 
 
-def rel_err(a: Any, b: Any) -> float:
-    """``||a - b|| / ||b||`` in float64 (0 when both are zero)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"rel_err: shapes differ: {a.shape} vs {b.shape}")
-    den = float(np.linalg.norm(b))
-    num = float(np.linalg.norm(a - b))
-    return num / den if den else num
-
-
 def gpu_name(device: int = 0) -> str:
     """The device's marketing name (torch, else pycuda, else "unknown")."""
     try:
@@ -361,20 +349,6 @@ def _check_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _keep_history(path: Path, commit: str) -> None:
-    """A same-day file of another commit is history: move it to
-    ``<name>-<its commit>.json`` instead of overwriting it."""
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text()).get("commit", "unknown")
-    except (OSError, ValueError):
-        return
-    if str(old)[:7] == str(commit)[:7]:
-        return
-    path.replace(path.with_name(f"{path.stem}-{str(old)[:7]}.json"))
-
-
 def write_results(
     benchmark: str,
     rows: Sequence[dict[str, Any]],
@@ -384,6 +358,9 @@ def write_results(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<out_dir>/<benchmark>-<gpu>-<YYYYMMDD>.json``; print the table.
+
+    A same-day file is replaced: git keeps the earlier version, and every file
+    records the commit it measured (``commit``).
 
     Returns the path. ``extra`` adds top-level keys (e.g. notes, settings).
     """
@@ -403,7 +380,6 @@ def write_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{benchmark}-{gpu_tag(name)}-{today:%Y%m%d}.json"
-    _keep_history(path, doc["commit"])
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)

@@ -10,7 +10,7 @@ each):
     a GPUArray, launching a kernel through ``compile.launch``, a cuBLAS
     GEMM call, a stream synchronisation round trip.
 ``step``
-    The cuda-convnet2 ImageNet step (``benchmarks/step_net.py``, batch 128,
+    The cuda-convnet2 ImageNet step (``cc2ops.testing.nets``, batch 128,
     dropout off) compiled with the Python VM and profiled node by node with
     :class:`cc2ops.cuda.runtime.profile.ThunkProfile` (host and device time apart),
     in fp32 and TF32; then the eager step (``cvm``) and the same step
@@ -87,25 +87,24 @@ def step_section(budget_s: float) -> dict[str, Any]:
 
     import cc2ops.cuda as cuda
     from benchmarks.bench_step import TorchStep, set_torch_tf32
-    from benchmarks.step_net import build_step, imagenet_config, init_params
     from cc2ops.cuda.runtime import array
     from cc2ops.cuda.runtime.profile import ThunkProfile
+    from cc2ops.testing.nets import StepConfig, build_step
 
     t0 = time.perf_counter()
     torch.backends.cudnn.benchmark = True
-    cfg = imagenet_config(batch=128, dropout=0.0)
-    params = init_params(cfg, seed=0)
+    cfg = StepConfig("imagenet", batch=128, dropout=False)
+    params = cfg.init_params()
     r = np.random.default_rng(1)
-    x = r.standard_normal((128, 3, 224, 224)).astype(np.float32)
-    y = r.integers(0, 1000, 128).astype(np.int32)
+    x = r.standard_normal(cfg.image_shape).astype(np.float32)
+    y = r.integers(0, cfg.classes, cfg.batch).astype(np.int32)
     gx, gy = array.to_gpu(x, 0), array.to_gpu(y, 0)
     out: dict[str, Any] = {}
 
     def build(linker: str) -> Any:
         step = build_step(
-            cfg, params, gpu_params=True, dropout=False, gpu_inputs=True,
-            gpu_outputs=True,
-        )  # fmt: skip
+            cfg, params, gpu_params=True, gpu_inputs=True, gpu_outputs=True
+        )
         return step.function(cuda.mode(linker=linker))
 
     log("step: compiling (py VM) for the profile")

@@ -4,22 +4,29 @@ Usage::
 
     python benchmarks/summarize.py            # writes BENCHMARKS.md at the repo root
 
-Every file under ``benchmarks/results/`` is kept as performance history; the
-summary shows, per benchmark, the newest file's table with its date, GPU,
-commit and peer. Text in ``benchmarks/notes/<benchmark>.md`` (what the bars
-are, what the next optimisation is) is placed under each table.
+Every file under ``benchmarks/results/`` (``<benchmark>-<gpu>-<YYYYMMDD>.json``,
+one per benchmark, machine and day) is kept as performance history; a rerun on
+the same day replaces the file and git keeps the earlier version. The summary
+shows, per benchmark, the newest file's table with its date, GPU, the commit
+it measured (the file's ``commit``) and peer; files not named so are skipped.
+Text in ``benchmarks/notes/<benchmark>.md`` (what the bars are, what the next
+optimisation is) is placed under each table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from common import RESULTS_DIR, markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTES = Path(__file__).resolve().parent / "notes"
+#: ``<benchmark>-<gpu>-<YYYYMMDD>.json`` (BENCHMARK_RESULTS.md); the GPU tag may
+#: hold hyphens, the date is the last field.
+RESULT_NAME = re.compile(r"[a-z0-9_]+-[a-z0-9-]+-[0-9]{8}\.json")
 ORDER = ("conv", "layers", "step", "train", "multi_gpu", "cpu")
 #: The columns shown per benchmark (every field stays in the JSON file).
 COLUMNS = {
@@ -49,8 +56,11 @@ HEADER = """# Benchmarks
 Measured by the scripts in `benchmarks/` (see each script's docstring), cc2ops
 against PyTorch/cuDNN in the same process. Times are medians of CUDA-event timings
 after warm-up; `ratio` = cc2ops_ms / peer_ms (below 1: cc2ops is faster). Every
-result file is kept under `benchmarks/results/`; this page shows the newest per
-benchmark and is regenerated with `python benchmarks/summarize.py`.
+result file is kept under `benchmarks/results/` as `<benchmark>-<gpu>-<YYYYMMDD>.json`;
+this page shows the newest per benchmark, with the commit each table measured (the
+file's `commit`), and is regenerated with `python benchmarks/summarize.py`. A rerun on
+the same day replaces the file: earlier runs are its earlier versions in git
+(`git log -p benchmarks/results/<file>`).
 """
 
 
@@ -58,6 +68,8 @@ def newest(results: Path) -> dict[str, tuple[Path, dict]]:
     """``{benchmark: (path, document)}`` of the newest file per benchmark."""
     best: dict[str, tuple[str, Path, dict]] = {}
     for path in sorted(results.glob("*.json")):
+        if not RESULT_NAME.fullmatch(path.name):
+            continue
         doc = json.loads(path.read_text())
         key = (doc.get("date", ""), path.name)
         name = doc["benchmark"]

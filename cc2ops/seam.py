@@ -3,8 +3,10 @@
 A few frontend builders depend on where a value lives: ``dropout_state(seed,
 device=d)`` makes a GPU shared variable, and ``dropout(x, p, state)`` with a GPU
 state builds the GPU op at once (the state never leaves the device). The
-frontend does not import a backend for that. A backend registers one
-:class:`GpuBackend` (three functions) with :func:`register` when it is imported;
+frontend does not import a backend for that, and neither does
+:mod:`cc2ops.testing`, whose step builder makes GPU inputs, outputs and
+parameters on request. A backend registers one :class:`GpuBackend` (six
+functions) with :func:`register` when it is imported;
 ``import cc2ops.cuda`` registers the CUDA backend. Lifting host ops onto the GPU
 is the other half of the seam and needs nothing from here: GPU op modules
 register their rules with :func:`cc2ops.cuda.rewriting.lift.register_lift`.
@@ -52,12 +54,25 @@ class GpuBackend:
         ``dropout(x, p, state)`` for a GPU ``state`` made by ``shared``:
         ``(y, update)``, ``y`` a host variable with ``x``'s type and
         ``update`` the new state (see :func:`cc2ops.dropout.dropout`).
+    variable : callable
+        ``variable(dtype, shape, device, name)``: a GPU graph input (no value;
+        the caller passes device arrays), static shape ``shape`` (``None``
+        entries: unknown).
+    to_host : callable
+        ``to_host(x)``: the host view of the GPU variable ``x`` (a transfer
+        node that the GPU mode's rewrites remove where GPU ops consume it).
+    to_device : callable
+        ``to_device(x, device)``: the host variable ``x`` as a GPU value on
+        ``device`` (for outputs that stay on the device).
     """
 
     name: str
     shared: Callable[..., Any]
     is_gpu_variable: Callable[[Any], bool]
     dropout: Callable[[Any, float, Any], tuple[Any, Any]]
+    variable: Callable[[str, tuple, int, str], Any]
+    to_host: Callable[[Any], Any]
+    to_device: Callable[[Any, int], Any]
 
 
 _BACKEND: GpuBackend | None = None

@@ -28,6 +28,8 @@ import pytest
 from pytensor.compile.mode import Mode
 from pytensor.gradient import verify_grad
 
+from cc2ops.testing.compare import rel_err
+
 #: Fast to compile: Python linker, PyTensor's fast_compile rewrites. The ops'
 #: ``perform`` is what runs, which is what these tests are about.
 TEST_MODE = Mode(linker="py", optimizer="fast_compile")
@@ -219,23 +221,9 @@ def expect_error(exc: type[Exception], match: str, fn: Callable, *args, **kwargs
 
 # --------------------------------------------------------------------------
 # GPU test helpers (the tests under tests/cuda; the ``debug`` fixture is in
-# tests/cuda/conftest.py)
+# tests/cuda/conftest.py). ``rel_err`` is cc2ops.testing.compare's, the one the
+# benchmarks use too; it is re-exported here for ``from helpers import rel_err``.
 # --------------------------------------------------------------------------
-
-
-def rel_err(got, want) -> float:
-    """``||got - want|| / ||want||`` in float64, or complex128 when either side is
-    complex (a float64 cast would drop the imaginary part); ``||got - want||``
-    when ``want`` is zero, ``inf`` for a shape mismatch."""
-    complex_ = np.iscomplexobj(got) or np.iscomplexobj(want)
-    dt = np.complex128 if complex_ else np.float64
-    got = np.asarray(got, dtype=dt)
-    want = np.asarray(want, dtype=dt)
-    if got.shape != want.shape:
-        return float("inf")
-    num = float(np.linalg.norm(got - want))
-    den = float(np.linalg.norm(want))
-    return num / den if den else num
 
 
 def to_gpu(a: np.ndarray, device: int = 0):

@@ -76,6 +76,42 @@ def test_import_cc2ops_loads_no_backend():
     assert heavy == [], f"import cc2ops loaded {heavy}"
 
 
+def test_import_cc2ops_testing_loads_no_backend():
+    """The nets and compare helpers of tests and benchmarks need no GPU backend
+    until a GPU variable is asked for (then through the seam)."""
+    loaded = _loaded_after("import cc2ops.testing")
+    assert "cc2ops.testing.nets" in loaded and "cc2ops.testing.compare" in loaded
+    cuda = [m for m in loaded if m == "cc2ops.cuda" or m.startswith("cc2ops.cuda.")]
+    assert cuda == [], f"import cc2ops.testing loaded {cuda}"
+
+
+def test_tests_take_the_nets_from_cc2ops_testing_not_benchmarks():
+    """One net definition: the tests import the nets (and compare helpers) from
+    cc2ops.testing, never from benchmarks/ through a sys.path edit."""
+    pattern = re.compile(r"^\s*(from|import)\s+benchmarks\b", re.M)
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "tests").rglob("*.py"))
+        if pattern.search(p.read_text())
+    ]
+    assert offenders == [], f"tests importing benchmarks/: {offenders}"
+
+
+def test_gpu_step_of_the_net_table_goes_through_the_seam():
+    proc = _run(
+        "import sys\n"
+        "from cc2ops import seam\n"
+        "from cc2ops.testing.nets import StepConfig, build_step\n"
+        "cfg = StepConfig('cifar18', batch=2, width_mult=0.25)\n"
+        "assert seam.registered() is None\n"
+        "step = build_step(cfg, gpu_params=True, gpu_inputs=True, gpu_outputs=True)\n"
+        "assert seam.registered().name == 'cc2ops.cuda'\n"
+        "print(step.inputs[0].type, step.params['conv1.W'].type)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CudaArrayType(float32, shape=(2, 3, 32, 32), device=0)" in proc.stdout
+
+
 def test_gpu_dropout_state_goes_through_the_seam():
     """A GPU dropout state in a program that never imported cc2ops.cuda: the
     seam imports the backend by name, which registers itself (no CUDA used)."""

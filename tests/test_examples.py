@@ -684,6 +684,32 @@ def test_bad_folders_raise_clear_errors(digits, tmp_path, kind, match):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_example_trains_the_net_table_of_cc2ops_testing():
+    from cc2ops.testing import nets as table
+
+    net = nets.Network("imagenet", 10, 67, width_mult=1 / 16)
+    assert isinstance(net, table.Network) and nets.Network.__name__ == "Network"
+    assert net.layers == table.Network("imagenet", 10, 67, 1 / 16).layers
+    assert nets.Conv is table.Conv and nets.Dropout is table.Dropout
+    assert nets.INITS == table.INITS
+    assert sorted(nets.NETS) == ["imagenet", "small"]
+    assert [l.name for l in nets.NETS["small"]()] == [
+        l.name for l in table.small_layers()
+    ]
+    # the example's own error, also from the table's checks
+    with pytest.raises(nets.NetworkError, match=r"choose from \['imagenet', 'small'\]"):
+        nets.Network("cifar18", 10, 32)
+    with pytest.raises(nets.NetworkError, match="does not fit 4x4 inputs"):
+        nets.Network("small", 10, 4)
+    import pytensor
+    import pytensor.tensor as pt
+
+    params = {k: pytensor.shared(v) for k, v in net.init_params(0).items()}
+    x = pt.tensor4("x", dtype="float32")
+    with pytest.raises(nets.NetworkError, match="layer dropout1: .* dropout states"):
+        net.forward(x, params, train=True)
+
+
 def test_a_checkpoint_from_another_network_is_refused(digits, tmp_path):
     out = tmp_path / "run"
     _run(digits, out, "--epochs", "1", "--no-plot")

@@ -631,9 +631,8 @@ def compile_functions(
     import pytensor
     import pytensor.tensor as pt
 
-    import cc2ops
+    from cc2ops.testing.nets import training_step
 
-    f32 = np.float32
     gd = backend.graph_device
     with pytensor.config.change_flags(floatX="float32"):
         if gd is None:
@@ -643,26 +642,19 @@ def compile_functions(
         else:
             inputs, (x, y, lr) = gpu_step.gpu_inputs(gd, cfg.crop, with_lr=True)
 
-        logits = net.forward(x, params, train=True, dropout_states=dropout_states)
-        loss = cc2ops.softmax_cross_entropy(logits, y).mean()
-        err = cc2ops.top_k_error(logits, y, k=1).mean()
-        if backend.distribute is not None:
-            # data-parallel conv segment, model-parallel FC segment; the
-            # gradients of the distributed loss equal the single-device ones
-            loss, err = backend.distribute([loss, err])
-        names = list(net.param_shapes)
-        grads = pytensor.grad(loss, [params[n] for n in names])
-        updates = []
-        for name, g in zip(names, grads, strict=True):
-            p, v = params[name], momenta[name]
-            if name.endswith(".W") and cfg.weight_decay:
-                g = g + f32(cfg.weight_decay) * p
-            v_new = f32(cfg.momentum) * v - lr * g
-            updates += [(v, v_new), (p, p + v_new)]
+        # the step of the benchmarks and tests too; with --devices K,
+        # distribute makes the conv segment data-parallel and the FC segment
+        # model-parallel (the gradients equal the single-device ones)
+        step = training_step(
+            net, x, y, params, momenta, lr=lr, momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay, dropout_states=dropout_states,
+            distribute=backend.distribute,
+        )  # fmt: skip
+        loss, err = step.loss, step.error
         train = pytensor.function(
             inputs,
             [loss, err] if gd is None else gpu_step.gpu_outputs([loss, err], gd),
-            updates=updates,
+            updates=step.updates,
             mode=backend.mode,
             name="train_step",
         )

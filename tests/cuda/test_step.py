@@ -1,8 +1,10 @@
 """Whole training steps on the GPU agree with the CPU (gpu marker).
 
-The small convnet of ``benchmarks/step_net.py`` (32x32 images, two conv
-layers with ReLU, cross-map norm and max pooling, an FC layer, softmax
-cross-entropy, momentum SGD with weight decay) runs 20 steps in
+The step of :mod:`cc2ops.testing.nets` (the trained step of the example) on
+its CIFAR-10 "11pct" net at a quarter width (32x32 images, four convs,
+cross-map norm, max pooling, softmax cross-entropy, momentum SGD with weight
+decay) and, for dropout, its ImageNet net on 67x67 images at 1/16 width,
+runs 20 steps in
 ``cc2ops.cuda.mode()`` with ``cc2ops.cuda.shared`` parameters and 20 steps
 in the CPU mode ``cc2ops.mode`` with host parameters, from identical
 initial values and minibatches. Losses must agree within float32 tolerance
@@ -13,9 +15,6 @@ TF32 is off (the default).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -23,20 +22,25 @@ import cc2ops
 import cc2ops.cuda as cuda
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.step_net import build_step, init_params, small_config  # noqa: E402
+from cc2ops.testing.compare import rel_err
+from cc2ops.testing.nets import StepConfig, build_step
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 20
+#: The nets of the 20-step comparison, without and with dropout.
+CONFIGS = {
+    "no-dropout": StepConfig("small", batch=16, width_mult=0.25, seed=3),
+    "dropout": StepConfig(
+        "imagenet", batch=16, crop=67, classes=10, width_mult=1 / 16, seed=3
+    ),
+}
 
 
 def batches(cfg, n, seed=0):
     r = np.random.default_rng(seed)
-    shape = (cfg.batch, cfg.channels, cfg.image, cfg.image)
     for _ in range(n):
-        x = r.standard_normal(shape).astype(cfg.dtype)
+        x = r.standard_normal(cfg.image_shape).astype(np.float32)
         y = r.integers(0, cfg.classes, cfg.batch).astype("int32")
         yield x, y
 
@@ -53,15 +57,10 @@ def run_steps(cfg, params, *, gpu, steps=STEPS):
     return fn, losses, final
 
 
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-dropout", "dropout"])
-def test_twenty_sgd_steps_match_the_cpu(dropout, monkeypatch):
-    monkeypatch.setenv("CC2OPS_DEBUG", "1")
-    cfg = small_config(dropout=dropout)
-    params = init_params(cfg, seed=3)
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_twenty_sgd_steps_match_the_cpu(kind, debug):
+    cfg = CONFIGS[kind]
+    params = cfg.init_params()
     gpu_fn, gpu_losses, gpu_params = run_steps(cfg, params, gpu=True)
     _, cpu_losses, cpu_params = run_steps(cfg, params, gpu=False)
     # the compiled step really is a GPU graph
@@ -75,11 +74,12 @@ def test_twenty_sgd_steps_match_the_cpu(dropout, monkeypatch):
     for name, want in cpu_params.items():
         got = gpu_params[name]
         assert got.shape == want.shape and np.isfinite(got).all(), name
-        assert rel(got, want) < 5e-3, f"{name}: relative error {rel(got, want)}"
+        err = rel_err(got, want)
+        assert err < 5e-3, f"{name}: relative error {err}"
 
 
 def test_parameters_stay_on_the_gpu_between_steps():
-    cfg = small_config()
+    cfg = CONFIGS["no-dropout"]
     step = build_step(cfg, gpu_params=True)
     fn = step.function(cuda.mode())
     for x, y in batches(cfg, 2):
@@ -91,8 +91,8 @@ def test_parameters_stay_on_the_gpu_between_steps():
 
 def test_step_sanitize():
     """Two steps of a tiny net: every structural/BLAS/softmax-loss kernel once."""
-    cfg = small_config(batch=4, image=16, widths=(4, 8), fc=(16,), classes=5)
-    params = init_params(cfg, seed=1)
+    cfg = StepConfig("small", batch=4, crop=16, classes=5, width_mult=1 / 16, seed=1)
+    params = cfg.init_params()
     _, gpu_losses, _ = run_steps(cfg, params, gpu=True, steps=2)
     _, cpu_losses, _ = run_steps(cfg, params, gpu=False, steps=2)
     np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4, atol=1e-6)

@@ -41,7 +41,13 @@ from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.compile import get_kernel, launch, register_variants
 from cc2ops.cuda.runtime.device import get_device
-from cc2ops.cuda.transfer import GpuGradients, HostFromGpu, as_gpu, host_from_gpu
+from cc2ops.cuda.transfer import (
+    GpuGradients,
+    HostFromGpu,
+    as_gpu,
+    gpu_from_host,
+    host_from_gpu,
+)
 from cc2ops.cuda.type import CudaArrayType, is_gpu_variable
 from cc2ops.cuda.type import shared as gpu_shared
 from cc2ops.dropout import (
@@ -279,11 +285,19 @@ def _dropout_on_gpu_state(x: Any, p: float, state: Variable) -> tuple[Any, Any]:
     return host_from_gpu(GpuDropout(p)(gx, state)), GpuDropoutAdvance()(state, gx)
 
 
+def _gpu_variable(dtype: str, shape: tuple, device: int, name: str) -> Variable:
+    """``CudaArrayType(dtype, shape, device)(name)``: a GPU graph input."""
+    return CudaArrayType(dtype, shape, device)(name)
+
+
 seam.register(
     seam.GpuBackend(
         name="cc2ops.cuda",
         shared=gpu_shared,
         is_gpu_variable=is_gpu_variable,
         dropout=_dropout_on_gpu_state,
+        variable=_gpu_variable,
+        to_host=host_from_gpu,
+        to_device=gpu_from_host,
     )
 )

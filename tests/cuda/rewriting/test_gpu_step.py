@@ -1,18 +1,19 @@
 """The whole ImageNet training step rewrites to GPU ops (CPU only: no CUDA touched).
 
-The cuda-convnet2 ImageNet step of ``benchmarks/step_net.py`` (batch 128,
-224x224, dropout on, momentum SGD with weight decay; parameters and
-velocities as ``cc2ops.cuda.shared``) is put through the GPU mode's
-rewrites exactly as ``pytensor.function`` would (``FunctionMaker``, without
-linking). Every Apply node that computes on arrays must then be a GPU op:
+The training step of :mod:`cc2ops.testing.nets` (the example's trained step)
+on the cuda-convnet2 ImageNet net (batch 128, 224x224, dropout on, momentum
+SGD with weight decay; parameters, velocities and dropout states on the GPU)
+and on the two CIFAR-10 nets (11pct; 18pct, whose average pooling the
+others lack) is put through the GPU mode's rewrites exactly as
+``pytensor.function`` would (``FunctionMaker``, without linking). Every
+Apply node that computes on arrays must then be a GPU op:
 
 - the only host->GPU transfers are of the minibatch inputs (images, labels);
 - the only GPU->host transfers are of the requested scalar outputs;
 - no host op touches a float array; what may stay on the host is integer
   bookkeeping of at most one dim that never reads a GPU value (shape
-  arithmetic; and, only where ``cc2ops.dropout_state`` cannot put a state on
-  the GPU, the 4-word counter advance ``DropoutAdvance`` of each host
-  dropout state: with GPU states the step has no ``DropoutAdvance`` at all);
+  arithmetic); the dropout states live on the GPU, so the step has no host
+  ``DropoutAdvance`` at all;
 - every update of a GPU parameter or velocity is a GPU value.
 
 On failure the offending nodes are printed with their input types. This is
@@ -20,9 +21,6 @@ the integration check of every GPU op family's lifting rules.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 from pytensor.compile.rebuild import construct_function_ins_and_outs
@@ -32,14 +30,11 @@ import cc2ops.cuda as cuda
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.transfer import GpuFromHost, HostFromGpu
 from cc2ops.cuda.type import CudaArrayType, CudaSharedVariable
+from cc2ops.testing.nets import StepConfig, build_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from benchmarks.step_net import (  # noqa: E402
-    build_step,
-    dropout_state_on_gpu,
-    imagenet_config,
-    small_config,
-)
+IMAGENET = StepConfig("imagenet", batch=128)
+#: The ImageNet net, small enough to build in a moment, with its dropout.
+TINY_IMAGENET = StepConfig("imagenet", batch=16, crop=67, classes=10, width_mult=1 / 16)
 
 
 def rewritten_step(cfg, **kwargs):
@@ -108,18 +103,17 @@ def check_gpu_step(fgraph, step, shape_scalars=False):
             if not is_output or out.type.ndim != 0:
                 problems.append(f"GPU value pulled to the host: {describe(node)}")
     problems += [f"host array op: {describe(n)}" for n in host_array_nodes(fgraph)]
-    if dropout_state_on_gpu():
-        problems += [
-            f"host dropout counter advance (the state should live on the GPU): "
-            f"{describe(n)}"
-            for n in fgraph.apply_nodes
-            if type(n.op).__name__ == "DropoutAdvance"
-        ]
-        problems += [
-            f"dropout state {s} is not a GPU variable"
-            for s in step.dropout_states
-            if not isinstance(s.type, CudaArrayType)
-        ]
+    problems += [
+        f"host dropout counter advance (the state should live on the GPU): "
+        f"{describe(n)}"
+        for n in fgraph.apply_nodes
+        if type(n.op).__name__ == "DropoutAdvance"
+    ]
+    problems += [
+        f"dropout state {s} is not a GPU variable"
+        for s in step.dropout_states
+        if not isinstance(s.type, CudaArrayType)
+    ]
     for out_idx, in_idx in fgraph.update_mapping.items():
         var = fgraph.inputs[in_idx]
         new = fgraph.outputs[out_idx]
@@ -141,39 +135,36 @@ def test_creating_gpu_parameters_does_not_touch_cuda(monkeypatch):
 
     for name in ("to_gpu", "empty", "copy"):
         monkeypatch.setattr(garray, name, forbidden)
-    step = build_step(small_config(dropout=0.5), gpu_params=True)
+    step = build_step(TINY_IMAGENET, gpu_params=True)
     params = list(step.params.values()) + list(step.velocities.values())
     assert all(isinstance(p, CudaSharedVariable) for p in params)
     assert not any(p.is_uploaded for p in params)
-    assert len(step.dropout_states) == 1
-    if dropout_state_on_gpu():
-        (state,) = step.dropout_states
+    assert len(step.dropout_states) == 2
+    for state in step.dropout_states:
         assert isinstance(state, CudaSharedVariable) and not state.is_uploaded
 
 
 def test_dropout_step_advances_its_gpu_states_on_the_gpu():
-    cfg = imagenet_config(batch=128)
-    fgraph, step = rewritten_step(cfg, gpu_inputs=True, gpu_outputs=True)
+    fgraph, step = rewritten_step(IMAGENET, gpu_inputs=True, gpu_outputs=True)
     assert len(step.dropout_states) == 2
     advances = [
         type(n.op).__name__
         for n in fgraph.apply_nodes
         if "DropoutAdvance" in type(n.op).__name__
     ]
-    if dropout_state_on_gpu():
-        assert advances == ["GpuDropoutAdvance"] * 2, advances
-    else:
-        assert advances == ["DropoutAdvance"] * 2, advances
+    assert advances == ["GpuDropoutAdvance"] * 2, advances
 
 
 @pytest.mark.parametrize(
     "name,cfg,kwargs",
     [
-        ("imagenet", imagenet_config(batch=128), {}),
-        ("imagenet-no-dropout", imagenet_config(batch=128, dropout=0.0), {}),
-        ("small", small_config(), {}),
-        ("small-dropout", small_config(dropout=0.5), {}),
-        ("small-dynamic-batch", small_config(), {"static_batch": False}),
+        ("imagenet", IMAGENET, {}),
+        ("imagenet-no-dropout", IMAGENET.with_(dropout=False), {}),
+        ("imagenet-67-dropout", TINY_IMAGENET, {}),
+        ("small", StepConfig("small", batch=16), {}),
+        ("small-dynamic-batch", StepConfig("small", batch=16), {"static_batch": False}),
+        ("cifar18", StepConfig("cifar18", batch=128), {}),
+        ("cifar18-dynamic", StepConfig("cifar18", batch=16), {"static_batch": False}),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -188,8 +179,9 @@ def test_training_step_rewrites_to_gpu_ops_only(name, cfg, kwargs):
     assert n_gpu > 20, n_gpu
 
 
-def test_step_with_gpu_inputs_and_outputs_has_no_transfers():
-    cfg = imagenet_config(batch=128)
+@pytest.mark.parametrize("cfg", [IMAGENET, StepConfig("cifar18", batch=128)],
+                         ids=["imagenet", "cifar18"])  # fmt: skip
+def test_step_with_gpu_inputs_and_outputs_has_no_transfers(cfg):
     fgraph, step = rewritten_step(cfg, gpu_inputs=True, gpu_outputs=True)
     problems, transfers_in = check_gpu_step(fgraph, step)
     assert not problems, "\n".join(problems)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,15 +27,18 @@ import cc2ops.cuda as cuda
 from cc2ops.cuda.capture import capture_function
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.cudagraph import CudaGraph, GraphCaptureError
+from cc2ops.testing.compare import rel_err
+from cc2ops.testing.nets import StepConfig, build_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from benchmarks.step_net import build_step, init_params, small_config  # noqa: E402
+#: The captured-step nets, without and with dropout.
+CONFIGS = {
+    "no-dropout": StepConfig("small", batch=16, width_mult=0.25, seed=5),
+    "dropout": StepConfig(
+        "imagenet", batch=16, crop=67, classes=10, width_mult=1 / 16, seed=5
+    ),
+}
 
 gpu = pytest.mark.gpu
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 # --------------------------------------------------------------------------
@@ -388,7 +390,7 @@ def _steps(fn, cfg, n, seed=0):
     r = np.random.default_rng(seed)
     losses = []
     for _ in range(n):
-        x = r.standard_normal((cfg.batch, 3, cfg.image, cfg.image)).astype(np.float32)
+        x = r.standard_normal(cfg.image_shape).astype(np.float32)
         y = r.integers(0, cfg.classes, cfg.batch).astype(np.int32)
         loss, err = fn(array.to_gpu(x, 0), array.to_gpu(y, 0))
         losses.append(float(array.to_host(loss)))
@@ -397,10 +399,10 @@ def _steps(fn, cfg, n, seed=0):
 
 
 @gpu
-@pytest.mark.parametrize("dropout", [0.0, 0.5], ids=["no-dropout", "dropout"])
-def test_captured_step_matches_the_eager_step(dropout):
-    cfg = small_config(dropout=dropout)
-    params = init_params(cfg, seed=5)
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_captured_step_matches_the_eager_step(kind):
+    cfg = CONFIGS[kind]
+    params = cfg.init_params()
     kw = dict(gpu_params=True, gpu_inputs=True, gpu_outputs=True)
     eager = build_step(cfg, params, **kw)
     eager_fn = eager.function(cuda.mode())
@@ -412,17 +414,17 @@ def test_captured_step_matches_the_eager_step(dropout):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for name, p in eager.params.items():
         g = graphed.params[name].get_value()
-        assert rel(g, p.get_value()) < 1e-5, name
+        assert rel_err(g, p.get_value()) < 1e-5, name
     captured.close()
 
 
 @gpu
 def test_captured_step_still_rejects_bad_labels():
-    cfg = small_config()
+    cfg = CONFIGS["no-dropout"]
     step = build_step(cfg, gpu_params=True, gpu_inputs=True, gpu_outputs=True)
     captured = capture_function(step.function(cuda.mode()), warmup=1)
     r = np.random.default_rng(0)
-    x = r.standard_normal((cfg.batch, 3, cfg.image, cfg.image)).astype(np.float32)
+    x = r.standard_normal(cfg.image_shape).astype(np.float32)
     y = r.integers(0, cfg.classes, cfg.batch).astype(np.int32)
     captured(x, y)
     captured(x, y)  # captured and replayed

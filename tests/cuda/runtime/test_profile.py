@@ -8,9 +8,7 @@ of a small step has one record per node, device time on GPU nodes only.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +16,7 @@ import pytest
 import cc2ops.cuda as cuda
 from cc2ops.cuda.runtime import array
 from cc2ops.cuda.runtime.profile import ThunkProfile, hold, split_time
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from benchmarks.step_net import build_step, small_config  # noqa: E402
+from cc2ops.testing.nets import StepConfig, build_step
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +47,7 @@ def test_hold_rejects_negative_times():
 
 
 def test_thunk_profile_of_a_small_step():
-    cfg = small_config(batch=8, image=16, widths=(4, 8), fc=(16,), classes=5)
+    cfg = StepConfig("small", batch=8, crop=16, classes=5, width_mult=1 / 16)
     step = build_step(cfg, gpu_params=True, gpu_inputs=True, gpu_outputs=True)
     fn = step.function(cuda.mode(linker="py"))
     prof = ThunkProfile(fn, hold_ms=2.0)

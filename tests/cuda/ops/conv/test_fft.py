@@ -601,8 +601,7 @@ def _check_kernel_output(case, got, want):
     where = f"{case[0]} {case[1:]}"
     assert got.shape == want.shape, where
     assert np.isfinite(got).all(), f"{where}: unwritten outputs"
-    want = np.asarray(want, np.complex128)
-    err = np.linalg.norm(got.astype(np.complex128) - want) / np.linalg.norm(want)
+    err = rel_err(got, want)
     assert err < 2e-6, f"{where}: rel err {err:.3g}"
 
 
