@@ -32,7 +32,7 @@ Public names: the builders :func:`softmax_cross_entropy` and
 references :func:`softmax_cross_entropy_reference`,
 :func:`softmax_cross_entropy_grad_reference` and :func:`top_k_error_reference`
 (what ``perform`` runs; the GPU tests and benchmarks compare against them).
-The rewrites in :mod:`cc2ops.graph.fuse_softmax_loss` turn the usual
+The rewrites in :mod:`cc2ops.rewriting.fuse_softmax_loss` turn the usual
 hand-written cross-entropy graphs into these ops.
 """
 

@@ -2,7 +2,7 @@
 
 - :mod:`cc2ops.distributed.spmd`: the SPMD mode (rank and size from MPI),
   the projection of the K-device graph that
-  :func:`cc2ops.graph.multi_gpu.distribute` builds onto one rank, two levels
+  :func:`cc2ops.distributed.hybrid.distribute` builds onto one rank, two levels
   (hybrid inside a group, data-parallel across groups).
 - :mod:`cc2ops.distributed.communicator`: communicators with deadlines (MPI
   on the CPU), :class:`CollectiveTimeout`, :class:`RankFailed`.

@@ -786,7 +786,7 @@ def rule_fallback(dz: Distributor, node: Any, dists: Sequence[Dist]):
         raise NotBatchSeparableError(
             f"multi_gpu: {node.op} ({type(node.op).__name__}) in the conv "
             "(data-parallel) segment has no rule for batch-sharded inputs; if it is "
-            "batch-separable declare it with cc2ops.graph.multi_gpu."
+            "batch-separable declare it with cc2ops.distributed.hybrid."
             "register_batch_separable(OpClass, batched=(input indices)), else move "
             "the split point with split_at"
         )
@@ -1273,7 +1273,7 @@ def _refuse_undistributed(mode: MultiDeviceMode, inputs: list, outputs: Any) -> 
         f"multi_gpu: compiling in {type(mode).__name__} with K={be.n} devices "
         f"(labels {tuple(be.labels)}) a graph that was not passed through "
         f"distribute ({', '.join(evidence[:4])}); it would run on one device. Call "
-        "cc2ops.graph.multi_gpu.distribute(cost, mode) before pytensor.grad, or "
+        "cc2ops.distributed.hybrid.distribute(cost, mode) before pytensor.grad, or "
         "compile it in a single-device mode (cc2ops.mode, cc2ops.cuda.mode(device))"
     )
 

@@ -168,7 +168,7 @@ def comm_backend(labels: Sequence[int], name: str) -> CommBackend:
     be = device_backend()
     if name not in be.backend_names:
         raise ValueError(
-            f"cc2ops.graph.multi_gpu: backend must be 'virtual' or one of "
+            f"cc2ops.distributed.hybrid: backend must be 'virtual' or one of "
             f"{tuple(be.backend_names)}, got {name!r}"
         )
     return be.comm_backend(labels, be.backend_names[name])

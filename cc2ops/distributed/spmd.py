@@ -1,10 +1,10 @@
 """SPMD execution of the hybrid-parallel graph: one process per device.
 
 The user's code is the single-device model plus
-:func:`cc2ops.graph.multi_gpu.distribute`, compiled in :func:`mode`::
+:func:`cc2ops.distributed.hybrid.distribute`, compiled in :func:`mode`::
 
     m = cc2ops.distributed.mode()                 # rank and size from MPI
-    cost = multi_gpu.distribute(cost, m, scheme="a")
+    cost = hybrid.distribute(cost, m, scheme="a")
     fn = pytensor.function([x, y], cost, updates=..., mode=m)
 
 ``distribute`` builds the K-device graph exactly as for K virtual devices

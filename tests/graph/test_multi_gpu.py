@@ -545,7 +545,7 @@ def test_undistributed_models_are_refused_in_a_multi_device_mode(k):
         f"K={k}",
         "not passed through distribute",
         "input x",
-        "cc2ops.graph.multi_gpu.distribute(cost, mode) before pytensor.grad",
+        "cc2ops.distributed.hybrid.distribute(cost, mode) before pytensor.grad",
     ):
         assert part in msg, (part, msg)
     # the training function too (gradients of the undistributed cost)

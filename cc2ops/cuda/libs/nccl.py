@@ -1,7 +1,7 @@
 """NCCL for one process driving K GPUs, over NVIDIA's nccl4py (module ``nccl``).
 
 :class:`Communicators` is the one-process model of the in-process GPU
-collectives (:mod:`cc2ops.cuda.comm`): ``ncclCommInitAll`` over distinct
+collectives (:mod:`cc2ops.cuda.ops.comm`): ``ncclCommInitAll`` over distinct
 physical devices, one communicator per device, rank ``k`` on ``physical[k]``;
 collectives are issued as group calls (:func:`group`) on each device's cc2ops
 stream. :func:`unique_id` and :func:`init_rank` are the one-process-per-GPU
@@ -33,7 +33,7 @@ imports neither nccl4py nor libnccl. Without them :func:`load` raises
 :class:`NcclError` with NCCL's error string and the communicator's last error.
 
 :func:`call` keeps 0.1's calling convention (C function names, ctypes values),
-so :mod:`cc2ops.cuda.comm` works unchanged on this module.
+so :mod:`cc2ops.cuda.ops.comm` works unchanged on this module.
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def _plain(value: Any) -> Any:
 def call(name: str, *args: Any, comm: Any = None) -> None:
     """Call NCCL function ``name`` with the C API's arguments, in its order.
 
-    0.1's convention, kept for :mod:`cc2ops.cuda.comm`: ``name`` is the C name
+    0.1's convention, kept for :mod:`cc2ops.cuda.ops.comm`: ``name`` is the C name
     (``"ncclAllReduce"``, ``"ncclBroadcast"``, ``"ncclReduce"``,
     ``"ncclAllGather"``, ``"ncclReduceScatter"``, ``"ncclGroupStart"``,
     ``"ncclGroupEnd"``), pointers and counts may be ctypes values, and the
