@@ -1,4 +1,4 @@
-"""Host collectives of cc2ops.comm: values, shapes, pullbacks, errors."""
+"""cc2ops.distributed.collectives on the host: values, shapes, pullbacks, errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytensor.tensor as pt
 import pytest
 from helpers import TEST_MODE, rng
 
-from cc2ops.comm import (
+from cc2ops.distributed.collectives import (
     AllGather,
     AllReduce,
     Broadcast,
@@ -236,7 +236,7 @@ def test_reduce_scatter_takes_its_sizes_positionally_when_cloned():
     import pytensor
     import pytensor.tensor as pt
 
-    from cc2ops.comm import ReduceScatter
+    from cc2ops.distributed.collectives import ReduceScatter
 
     a, b = pt.matrix("a"), pt.matrix("b")
     outs = ReduceScatter(2, 0)(a, b, sizes=[1, 2])
@@ -254,7 +254,7 @@ def test_scatter_and_shard_refuse_an_extent_smaller_than_n():
     import pytensor
     import pytensor.tensor as pt
 
-    from cc2ops.comm import Scatter, Shard
+    from cc2ops.distributed.collectives import Scatter, Shard
 
     x = pt.matrix("x")
     f = pytensor.function([x], Scatter(3, 0)(x))

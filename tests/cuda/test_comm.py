@@ -1,4 +1,4 @@
-"""GPU collectives (cc2ops.cuda.comm) over the NCCL adapter (cc2ops.cuda.libs.nccl).
+"""GPU collectives (cc2ops.cuda.ops.comm) over the NCCL adapter (cc2ops.cuda.libs.nccl).
 
 CPU-only here: graph building, shapes and pullback structure. GPU tests
 (marker ``gpu``) run K = 2 virtual labels on one GPU (labels 0 and 1 mapped to
@@ -14,8 +14,8 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-from cc2ops.comm import AllGather, AllReduce, ReduceScatter
-from cc2ops.cuda.comm import (
+from cc2ops.cuda.libs import nccl
+from cc2ops.cuda.ops.comm import (
     GpuAllGather,
     GpuAllReduce,
     GpuBroadcast,
@@ -24,8 +24,8 @@ from cc2ops.cuda.comm import (
     GpuShard,
     resolve_impl,
 )
-from cc2ops.cuda.libs import nccl
 from cc2ops.cuda.type import CudaArrayType
+from cc2ops.distributed.collectives import AllGather, AllReduce, ReduceScatter
 
 LABELS = (0, 1)
 
@@ -87,7 +87,7 @@ def test_shapes_are_inferred():
 
 
 def test_impl_resolution_for_virtual_labels(monkeypatch):
-    from cc2ops.cuda import device
+    from cc2ops.cuda.runtime import device
 
     monkeypatch.setattr(device, "_explicit_map", {0: 0, 1: 0})
     assert resolve_impl((0, 1)) == "virtual"
@@ -206,9 +206,8 @@ def test_gpu_collective_gradients_match_the_host_ones(virtual_two):
 
 @pytest.mark.gpu
 def test_nccl_loads_and_a_one_gpu_communicator_works():
-    from cc2ops.cuda.device import get_device
-
-    from cc2ops.cuda import array
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
 
     major, minor, _ = nccl.version()
     assert (major, minor) >= (2, 0)

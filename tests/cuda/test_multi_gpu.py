@@ -18,8 +18,9 @@ from pytensor.compile.rebuild import construct_function_ins_and_outs
 
 import cc2ops
 import cc2ops.cuda
-from cc2ops.cuda.comm import GPU_COMM_OPS, MultiGpuMode
-from cc2ops.graph import multi_gpu as mg
+from cc2ops.cuda.mode import MultiGpuMode
+from cc2ops.cuda.ops.comm import GPU_COMM_OPS
+from cc2ops.distributed import hybrid as mg
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
 from test_multi_gpu import _net  # noqa: E402

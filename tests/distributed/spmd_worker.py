@@ -40,8 +40,7 @@ def build(args):
 
     import cc2ops
     import nets
-    from cc2ops.distributed import checkpoint
-    from cc2ops.graph import multi_gpu
+    from cc2ops.distributed import checkpoint, hybrid
 
     net = nets.Network("imagenet", 10, 67, width_mult=1 / 32)
     values = net.init_params([0, 1])
@@ -90,7 +89,7 @@ def build(args):
                 collectives=args.collectives,
                 keep_trivial=args.keep_trivial,
             )
-            loss, err = multi_gpu.distribute([loss, err], mode, scheme=args.scheme)
+            loss, err = hybrid.distribute([loss, err], mode, scheme=args.scheme)
         else:
             mode = base
         names = list(values)

@@ -109,7 +109,7 @@ def test_the_gpu_step_of_one_rank_builds_without_a_gpu(keep_trivial):
     import cc2ops
     from cc2ops import cuda
     from cc2ops import distributed as dist
-    from cc2ops.graph import multi_gpu as mg
+    from cc2ops.distributed import hybrid as mg
 
     r = np.random.default_rng(0)
     w = cuda.shared(r.normal(size=(2, 3, 3, 3)).astype("float32"), device=0, name="w")

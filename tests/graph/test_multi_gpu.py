@@ -12,7 +12,8 @@ import pytest
 from pytensor.tensor.shape import Reshape
 
 import cc2ops
-from cc2ops.comm import (
+from cc2ops.distributed import hybrid as mg
+from cc2ops.distributed.collectives import (
     COMM_OPS,
     AllGather,
     AllReduce,
@@ -24,8 +25,7 @@ from cc2ops.comm import (
     Shard,
     VirtualBackend,
 )
-from cc2ops.graph import multi_gpu as mg
-from cc2ops.graph.multi_gpu import (
+from cc2ops.distributed.hybrid import (
     PARTIAL,
     REPLICATED,
     ROOT,
