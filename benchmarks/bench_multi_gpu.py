@@ -26,7 +26,7 @@ there or the time cap keeps every timed row): each configuration's step is
 compiled again with the Python VM (``linker="py"``), each thunk of
 ``fn.vm.thunks`` is wrapped to synchronise every device of the configuration
 after it, and over a few steps the synchronised times of the collectives
-(``cc2ops.cuda.comm.GPU_COMM_OPS``: GpuAllGather, GpuReduceScatter,
+(``cc2ops.cuda.ops.comm.GPU_COMM_OPS``: GpuAllGather, GpuReduceScatter,
 GpuAllReduce, GpuBroadcast, GpuReduce) and of all other ops (host-to-device
 upload of the images included) are summed: ``comm_ms_sync``,
 ``compute_ms_sync`` (ms per step), ``comm_ops_ms_sync`` (per collective
@@ -84,7 +84,7 @@ from benchmarks.common import (  # noqa: E402
     time_host,
     write_results,
 )
-from cc2ops.graph import multi_gpu as mg  # noqa: E402
+from cc2ops.distributed import hybrid as mg  # noqa: E402
 from cc2ops.testing.nets import StepConfig, build_step  # noqa: E402
 
 PAPER_SPEEDUP = {1: 1.0, 2: 1.95, 4: 3.74, 8: 6.25}
@@ -314,7 +314,7 @@ def breakdown(
     next one runs; the time cap ends the stage. A row gets its new fields only
     when its breakdown completed.
     """
-    from cc2ops.cuda.comm import GPU_COMM_OPS
+    from cc2ops.cuda.ops.comm import GPU_COMM_OPS
 
     r = np.random.default_rng(1)
     for row, labels, kind, scheme in done:
@@ -366,7 +366,7 @@ def dry_run(args, runs, cfg_of) -> None:
 
     from pytensor.compile.rebuild import construct_function_ins_and_outs
 
-    from cc2ops.cuda.comm import GPU_COMM_OPS
+    from cc2ops.cuda.ops.comm import GPU_COMM_OPS
 
     for labels, kind, scheme in runs:
         k = len(labels)

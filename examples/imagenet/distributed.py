@@ -58,7 +58,7 @@ def spmd_backend(
 
     import cc2ops
     import cc2ops.distributed as dist
-    from cc2ops.graph import multi_gpu as mg
+    from cc2ops.distributed import hybrid as mg
 
     if devices != 1:
         raise ValueError(

@@ -470,13 +470,13 @@ class Backend:
         ``"cpu x K virtual devices"``.
     mode : pytensor Mode
         The mode of the training step: ``cc2ops.mode``, ``cc2ops.cuda.mode``
-        or a multi-device mode of ``cc2ops.graph.multi_gpu``.
+        or a multi-device mode of ``cc2ops.distributed.hybrid``.
     shared : callable
         ``shared(value, name)`` for the parameters and momenta.
     n_devices : int
         Devices the data-parallel rewriter splits each batch over (1: none).
     distribute : callable or None
-        ``distribute(outputs) -> outputs``: ``cc2ops.graph.multi_gpu.distribute``
+        ``distribute(outputs) -> outputs``: ``cc2ops.distributed.hybrid.distribute``
         for these devices, applied to the loss before ``pytensor.grad``.
     sync : callable or None
         ``sync(train_fn)``: writes the per-device parameters back into the
@@ -506,20 +506,20 @@ def select_backend(device: str, devices: int) -> Backend:
     ``--device cuda`` (no pycuda, driver or device) or ``--devices K`` without
     a multi-device rewriter for that device raises, saying why.
     ``--device cpu --devices K`` runs the rewriter on K virtual devices of the
-    host (``cc2ops.graph.multi_gpu``'s host collectives): the same maths as
+    host (``cc2ops.distributed.hybrid``'s host collectives): the same maths as
     K GPUs, no speed-up; it is how the data-parallel path is tested on a CPU.
     """
     import pytensor
 
     import cc2ops
-    from cc2ops.graph import multi_gpu
+    from cc2ops.distributed import hybrid
 
     if device == "cpu":
         if devices == 1:
             return Backend(
                 "cpu", cc2ops.mode, lambda v, name: pytensor.shared(v, name=name)
             )
-        mg = multi_gpu
+        mg = hybrid
         return Backend(
             f"cpu x {devices} virtual devices",
             mg.mode(devices, "virtual"),
@@ -540,7 +540,7 @@ def select_backend(device: str, devices: int) -> Backend:
     from cc2ops import cuda
 
     labels = list(range(index, index + devices))
-    mg = multi_gpu if devices > 1 else None
+    mg = hybrid if devices > 1 else None
     if mg is not None:
         mode = cuda.mode(device=index, devices=labels)
         if not isinstance(mode, mg.MultiDeviceMode):
