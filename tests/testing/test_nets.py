@@ -5,7 +5,7 @@ The layer shapes are checked against a walk written here with the
 state; the parameter names, shapes and spec hashes are pinned, because the
 example's checkpoints are keyed by them (a change would orphan saved runs).
 The step builds on the CPU and learns; its GPU-typed variant builds with no
-device (the GPU mode's rewrites of it are ``tests/graph/test_gpu_step.py``).
+device (the GPU mode's rewrites of it are ``tests/cuda/rewriting/test_gpu_step.py``).
 """
 
 from __future__ import annotations
