@@ -1,7 +1,7 @@
 """The multi-device rewrite on GPUs: structure (CPU-only) and equivalence (GPU).
 
 On one GPU the equivalence runs K = 2 virtual labels (0 and 1 on physical 0):
-the same 5 momentum-SGD steps as tests/graph/test_multi_gpu.py, compared
+the same 5 momentum-SGD steps as tests/distributed/test_hybrid.py, compared
 with the single-device GPU run.
 """
 
@@ -22,8 +22,8 @@ from cc2ops.cuda.mode import MultiGpuMode
 from cc2ops.cuda.ops.comm import GPU_COMM_OPS
 from cc2ops.distributed import hybrid as mg
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "graph"))
-from test_multi_gpu import _net  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "distributed"))
+from test_hybrid import _net  # noqa: E402
 
 F32 = np.float32
 
