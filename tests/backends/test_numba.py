@@ -100,6 +100,11 @@ CONV_CASES = [
     ((3, 1, 5, 5), (1, 5, 5), 1, 2, 1),
     ((2, 6, 9, 8), (9, 3, 3), 2, 1, 3),
     ((2, 3, 4, 4), (2, 4, 4), 1, 0, 1),
+    # im2col chunks (cc2ops.backends.numba.COLS_BUDGET, 2**20 elements): two
+    # images of 8*25*2304 columns per chunk, then a shorter last chunk; one
+    # image per chunk in each of two groups
+    ((3, 8, 48, 48), (4, 5, 5), 1, 2, 1),
+    ((3, 24, 48, 48), (6, 5, 5), 1, 2, 2),
 ]
 
 
@@ -347,6 +352,63 @@ def test_softmax_loss_family(dtype):
     bad[6] = 5
     with pytest.raises(ValueError, match=r"labels must be in \[0, K\) = \[0, 5\)"):
         run(fn, xv, bad, tv, gv)
+
+
+def test_float32_exp_rule_against_float64_exp():
+    """The vectorisable float32 exp of the softmax kernels: relative error
+    below 3.1e-7 wherever exp is a normal float32, 0 below, inf above, NaN
+    for NaN, and float64 goes to libm's exp."""
+    numba = pytest.importorskip("numba")
+    from cc2ops.backends import numba as backend
+
+    @numba.njit
+    def exp(t):
+        e = np.empty_like(t)
+        backend._exp_into(t, e, np.empty((2, t.shape[0]), np.int32))
+        return e
+
+    grid = np.linspace(-87.3, 88.7, 1_000_003, dtype=np.float32)
+    want = np.exp(grid.astype(np.float64))
+    rel = np.abs(exp(grid) / want - 1)
+    assert rel.max() < 3.1e-7, rel.max()
+    special = np.array([np.nan, -np.inf, np.inf, -88.0, 89.0, 0.0], np.float32)
+    got = exp(special)
+    assert np.isnan(got[0]) and got[1] == 0 and got[2] == np.inf
+    assert got[3] == 0 and got[4] == np.inf and got[5] == 1
+    t64 = np.linspace(-700, 700, 1001)
+    np.testing.assert_allclose(exp(t64), np.exp(t64), rtol=1e-15)  # libm's exp
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softmax_loss_rows_with_nan_inf_and_underflow(dtype):
+    """Rows the kernels must not get wrong: a NaN (the row's loss and
+    gradient are NaN), -inf logits (probability 0; inf loss at the label),
+    logits 200 apart (exp underflows) and a wide row (K = 1003: the blocked
+    maximum's tail)."""
+    rng = np.random.default_rng(8)
+    x, y, g = pt.matrix("x", dtype=dtype), pt.ivector("y"), pt.vector("g", dtype=dtype)
+    loss = cc2ops.softmax_cross_entropy(x, y)
+    dx = pytensor.grad((loss * g).sum(), x)
+    fn = numba_function([x, y, g], [loss, dx])
+    xv = rng.standard_normal((6, 1003)).astype(dtype)
+    xv[0, 500] = np.nan
+    xv[1, :3] = -np.inf
+    xv[2, 7] = -np.inf
+    xv[3, ::2] -= 200
+    xv[4, 1002] = 40  # the maximum in the tail past the last full block
+    yv = np.array([1, 5, 7, 2, 1002, 0], "int32")
+    gv = rng.standard_normal(6).astype(dtype)
+    got_loss, got_dx = run(fn, xv, yv, gv)
+    with np.errstate(invalid="ignore"):
+        want_loss = softmax_cross_entropy_reference(xv, yv)
+        want_dx = softmax_cross_entropy_grad_reference(gv, xv, yv)
+    assert np.isnan(got_loss[0]) and np.isnan(got_dx[0]).all()
+    assert got_loss[2] == np.inf
+    np.testing.assert_array_equal(np.isnan(got_dx), np.isnan(want_dx))
+    np.testing.assert_array_equal(np.isinf(got_loss), np.isinf(want_loss))
+    finite = np.isfinite(want_loss)
+    check("finite losses", got_loss[finite], want_loss[finite], dtype)
+    check("gradient rows 1-5", got_dx[1:], want_dx[1:], dtype)
 
 
 # --------------------------------------------------------------------------
