@@ -150,6 +150,36 @@ def test_conv_second_order_and_c01b():
         check(name, got, want, "float64")
 
 
+def test_conv_kernels_give_the_blas_its_threads_back():
+    """The conv kernels run their GEMMs on one BLAS thread each (set through
+    cc2ops.backends._numba_blas) and restore the BLAS's count after; the
+    intrinsics read and set the count threadpoolctl sees."""
+    numba = pytest.importorskip("numba")
+    from cc2ops.backends import _numba_blas as blas
+
+    if blas.LIBRARY is None:
+        pytest.skip("the BLAS behind Numba's np.dot has no known thread-count API")
+
+    @numba.njit
+    def roundtrip(n):
+        before = blas.get_blas_threads()
+        blas.set_blas_threads(n)
+        during = blas.get_blas_threads()
+        blas.set_blas_threads(before)
+        return before, during, blas.get_blas_threads()
+
+    before, during, after = roundtrip(1)
+    assert before >= 1 and during == 1 and after == before
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    counts = {i["filepath"]: i["num_threads"] for i in threadpoolctl.threadpool_info()}
+    assert before in counts.values()
+    x, w = pt.tensor4("x"), pt.tensor4("w")
+    y = cc2ops.conv2d(x, w, padding=1)
+    fn = numba_function([x, w], [y, *pytensor.grad(y.sum(), [x, w])])
+    run(fn, np.ones((4, 2, 5, 5)), np.ones((3, 2, 3, 3)))
+    assert roundtrip(1)[0] == before
+
+
 def test_conv_runtime_shape_error_names_the_op():
     x, w = pt.tensor4("x"), pt.tensor4("w")
     fn = numba_function([x, w], cc2ops.conv2d(x, w, groups=2))
