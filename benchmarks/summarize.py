@@ -39,8 +39,9 @@ COLUMNS = {
         "frac_copy_ceiling",
     ),
     "step": (
-        "name", "batch", "precision", "dropout", "cc2ops_ms", "peer_ms", "ratio",
-        "images_per_s", "peer_images_per_s",
+        "name", "batch", "precision", "mode", "dropout", "cc2ops_ms",
+        "torch_eager_ms", "torch_graph_ms", "torch_compile_ms", "peer_best",
+        "peer_ms", "ratio", "bar_ratio", "bar_limit", "bar_ok",
     ),
     "train": (
         "name", "batch", "precision", "images_per_s", "cc2ops_ms", "ratio",
@@ -51,6 +52,37 @@ COLUMNS = {
         "images_per_s", "speedup",
     ),
 }  # fmt: skip
+#: bench_step's torch peers (``<peer>_ms``, ``<peer>_error``).
+STEP_PEERS = ("torch_eager", "torch_graph", "torch_compile")
+
+
+def step_row_view(row: dict) -> dict:
+    """A step row as the table shows it.
+
+    A peer that failed shows ``error`` in its column (its text stays in the
+    JSON file). Rows written before bench_step timed three torch peers (no
+    ``mode``) had one peer, torch eager: ``peer_ms`` is shown as
+    ``torch_eager_ms`` and the mode is read from the name's suffix
+    (``_graph``: capture, ``_auto``: auto, else eager).
+    """
+    row = dict(row)
+    if "mode" not in row:
+        name = row.get("name", "")
+        row["mode"] = (
+            "capture" if name.endswith("_graph")
+            else "auto" if name.endswith("_auto") else "eager"
+        )  # fmt: skip
+        if row.get("peer_ms") is not None:
+            row.setdefault("torch_eager_ms", row["peer_ms"])
+            row.setdefault("peer_best", "torch_eager")
+    for peer in STEP_PEERS:
+        if row.get(f"{peer}_error") and row.get(f"{peer}_ms") is None:
+            row[f"{peer}_ms"] = "error"
+    return row
+
+
+#: Per benchmark, how a row is shown (default: as written).
+ROW_VIEWS = {"step": step_row_view}
 HEADER = """# Benchmarks
 
 Measured by the scripts in `benchmarks/` (see each script's docstring), cc2ops
@@ -92,7 +124,9 @@ def render(results: Path = RESULTS_DIR) -> str:
             f"{machine}, {doc['date']}, commit `{doc['commit'][:10]}`, "
             f"peer {doc['peer']} (`{path.relative_to(ROOT)}`)\n"
         )
-        parts.append(markdown_table(doc["rows"], COLUMNS.get(name)) + "\n")
+        view = ROW_VIEWS.get(name, dict)
+        rows = [view(r) for r in doc["rows"]]
+        parts.append(markdown_table(rows, COLUMNS.get(name)) + "\n")
         if doc.get("failures"):
             parts.append(
                 "\nFailed configurations (not timed): "
