@@ -53,6 +53,7 @@ def fake_eval(x, y):
 def make_runner(step, log_every=3, graph=True):
     captured = []
     kept = []
+    snapshots = []
 
     def capture(fn):
         captured.append(fn)
@@ -66,10 +67,16 @@ def make_runner(step, log_every=3, graph=True):
         kept.append(np.asarray(args[0]).shape)
         return fn(*args)
 
+    def snapshot(fn):
+        snapshots.append(fn)
+        return lambda: None
+
     runner = gpu_step.GraphRunner(
         step, fake_eval, 0, log_every, graph=graph, capture=capture,
         history=host_history, keep_buffers=keep, to_device=lambda a: a,
+        snapshot=snapshot,
     )  # fmt: skip
+    runner.snapshots = snapshots
     return runner, captured, kept
 
 
@@ -87,9 +94,12 @@ def test_steps_are_read_back_every_log_every_steps_with_their_own_lr():
     assert last.step == 7 and last.n == 4
     assert last.loss == pytest.approx(0.7 * 48, rel=1e-6)
     assert last.lr == pytest.approx(0.7)
-    # the learning rate reached every call: never baked into the graph
-    assert step.calls == pytest.approx([0.1 * s for s in range(1, 8)], rel=1e-6)
+    # the learning rate reached every call: never baked into the graph (the
+    # first step twice: the capture's warm-up, undone, then its replay)
+    want = [0.1] + [0.1 * s for s in range(1, 8)]
+    assert step.calls == pytest.approx(want, rel=1e-6)
     assert len(captured) == 1 and runner.replays == 7 and kept == []
+    assert runner.snapshots == [step]
     assert runner.flush() == []
 
 
@@ -102,6 +112,62 @@ def test_a_batch_of_another_size_runs_eagerly_keeping_the_graphs_buffers():
     assert kept == [(3, 3, 2, 2)] and runner.replays == 1
 
 
+class CounterStep:
+    """A step with state, as a training step has: each call adds lr to
+    ``state`` and returns the state it started from as its loss."""
+
+    def __init__(self):
+        self.state = 0.0
+        self.calls = 0
+
+    def __call__(self, x, y, lr):
+        self.calls += 1
+        before = self.state
+        self.state += float(np.asarray(lr))
+        return np.float32(before), np.float32(0.0)
+
+
+def test_the_captures_warm_up_is_undone_and_its_batch_replayed():
+    """Every full-size step is a replay, the first of a run too: a resumed run
+    then computes each step as the uninterrupted run did."""
+    step = CounterStep()
+    events = []
+
+    def capture(fn):
+        events.append("capture")
+
+        def call(*args):
+            events.append("call")
+            return fn(*args)
+
+        return call
+
+    def snapshot(fn):
+        saved = fn.state
+        events.append("snapshot")
+
+        def restore():
+            events.append("restore")
+            fn.state = saved
+
+        return restore
+
+    runner = gpu_step.GraphRunner(
+        step, fake_eval, 0, 3, capture=capture, history=host_history,
+        to_device=lambda a: a, snapshot=snapshot,
+    )  # fmt: skip
+    x = np.ones((2, 3, 2, 2), np.float32)
+    done = []
+    for s in range(1, 4):
+        done += runner.train(x, np.zeros(2, np.int32), 1.0, s)
+    assert events == ["capture", "snapshot", "call", "restore", "call", "call", "call"]
+    assert step.calls == 4
+    # the warm-up's update was undone: three steps, three updates
+    assert step.state == 3.0
+    assert [m.loss for m in done] == [0.0, 1.0, 2.0]
+    assert runner.replays == 3
+
+
 def test_no_graph_calls_eagerly_and_still_reads_back_every_log_every_steps():
     runner, captured, kept = make_runner(FakeStep(), log_every=2, graph=False)
     x = np.ones((2, 3, 2, 2), np.float32)
@@ -111,7 +177,8 @@ def test_no_graph_calls_eagerly_and_still_reads_back_every_log_every_steps():
 
 
 def test_a_nan_comes_back_with_its_step():
-    runner, _, _ = make_runner(FakeStep(nan_at=2), log_every=4)
+    # call 3 is step 2's (call 1 is the capture's warm-up, call 2 step 1's replay)
+    runner, _, _ = make_runner(FakeStep(nan_at=3), log_every=4)
     x = np.ones((2, 3, 2, 2), np.float32)
     for s in range(1, 4):
         runner.train(x, np.zeros(2, np.int32), 0.1, s)
@@ -210,10 +277,11 @@ def test_calls_until_the_capture_hold_the_device_work_lock():
 
     runner = gpu_step.GraphRunner(
         FakeStep(), fake_eval, 0, 10, capture=lambda fn: Captured(),
-        history=host_history, to_device=lambda a: a,
+        history=host_history, to_device=lambda a: a, snapshot=lambda fn: lambda: None,
     )  # fmt: skip
     x = np.ones((2, 3, 2, 2), np.float32)
     for s in range(1, 4):
         runner.train(x, np.zeros(2, np.int32), 0.1, s)
-    assert held == [True, True, False]
+    # step 1: the warm-up and the capture; steps 2 and 3: replays
+    assert held == [True, True, False, False]
     assert not gpu_step.DEVICE_WORK.locked()

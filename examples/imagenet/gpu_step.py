@@ -10,7 +10,13 @@ held ``train.py --device cuda`` to 1/20 of what its own step can do. Here:
   the compiled functions;
 - :class:`GraphRunner` calls the training step through a captured graph (the
   learning rate is an input copied into the graph's buffer before each
-  replay: a schedule is never baked in), copies each step's loss and error
+  replay: a schedule is never baked in). The capture's eager warm-up call is
+  undone (:func:`snapshot_updates`) and its batch replayed, so every
+  full-size step of a run, the first after a resume included, is a replay:
+  an eager call and a replay of the same step differ in rounding, and a
+  resumed run whose first step was eager drifted from the uninterrupted
+  run (1.8e-4 after ten steps of the test net on the H200). It copies each
+  step's loss and error
   into a device-side history (two 4-byte device copies) and reads the
   history back every ``log_every`` steps (:meth:`GraphRunner.flush`), so the
   host runs ahead of the device in between;
@@ -44,6 +50,7 @@ __all__ = [
     "gpu_inputs",
     "gpu_outputs",
     "call_keeping_buffers",
+    "snapshot_updates",
     "DeviceHistory",
     "EagerRunner",
     "GraphRunner",
@@ -117,6 +124,25 @@ def call_keeping_buffers(fn: Any, args: Sequence[Any], device: int) -> Any:
             array._copy_into_contiguous(new, old, device)
             cell.storage[0] = old
     return out
+
+
+def snapshot_updates(fn: Any, device: int) -> Callable[[], None]:
+    """Copy the values of every GPU shared variable ``fn`` updates; returns
+    ``restore()``, which copies them back into the variables' buffers of the
+    moment (the ones a graph captured after it will read)."""
+    from cc2ops.cuda.runtime import array
+
+    saved = [
+        (cell, array.copy(value, device))
+        for cell, value in _updated_cells(fn)
+        if array.is_gpuarray(value)
+    ]
+
+    def restore() -> None:
+        for cell, value in saved:
+            array._copy_into_contiguous(value, cell.storage[0], device)
+
+    return restore
 
 
 class DeviceHistory:
@@ -261,6 +287,11 @@ class GraphRunner:
         ``history(capacity) -> DeviceHistory`` (the tests give host ones).
     to_device : callable
         ``to_device(ndarray) -> GPU array`` for the learning rate of eager calls.
+    snapshot : callable
+        ``snapshot(fn) -> restore`` (default :func:`snapshot_updates` on
+        ``device``): taken before the capture's warm-up call and restored
+        after it, so that the warm-up leaves no trace and its batch is then
+        replayed.
     """
 
     def __init__(
@@ -275,6 +306,7 @@ class GraphRunner:
         history: Callable[[int], DeviceHistory] | None = None,
         keep_buffers: Callable[[Any, Sequence[Any], int], Any] | None = None,
         to_device: Callable[[np.ndarray], Any] | None = None,
+        snapshot: Callable[[Any], Callable[[], None]] | None = None,
     ) -> None:
         if log_every < 1:
             raise ValueError(f"GraphRunner: log_every must be >= 1, got {log_every}")
@@ -299,6 +331,7 @@ class GraphRunner:
                 return array.to_gpu(a, device)
 
         self._to_device = to_device
+        self._snapshot = snapshot or (lambda fn: snapshot_updates(fn, device))
         make_history = history or (lambda n: DeviceHistory(device, n))
         self._train_hist = make_history(log_every)
         self._eval_hist = make_history(256)
@@ -316,11 +349,21 @@ class GraphRunner:
             self._train_n = n
         if self.graph and n == self._train_n:
             if self._train_graph is None:
-                self._train_graph = self._capture(self.train_fn)
+                self._train_graph = self._capture_undoing_warmup((x, y, lr))
             self.replays += 1
             return _call_graph(self._train_graph, (x, y, lr))
         # another batch size (skipped images), or no graph
         return self._keep(self.train_fn, (x, y, self._to_device(lr)), self.device)
+
+    def _capture_undoing_warmup(self, args: Sequence[Any]) -> Any:
+        """The captured training step, its warm-up call made on ``args`` and
+        undone: the caller then replays ``args``, and the step's result is the
+        replay's, as every later step's is (see the module docstring)."""
+        graph = self._capture(self.train_fn)
+        restore = self._snapshot(self.train_fn)
+        _call_graph(graph, args)  # eager: compiles, autotunes, updates the state
+        restore()
+        return graph
 
     def train(self, x: Any, y: Any, lr: float, step: int) -> list[StepMetrics]:
         """Queue step ``step`` (1-based); returns the steps read back now

@@ -94,13 +94,55 @@ def main(
         }
         acc = digits_model.accuracy(samples, X_te, y_te)
         results[sampler] = dict(
-            seconds=seconds, accuracy=acc, draws=draws, chains=chains
+            seconds=seconds,
+            accuracy=acc,
+            draws=draws,
+            tune=tune,
+            chains=chains,
+            n_train=len(y_tr),
+            jax_backend=_jax_backend() if sampler != "pymc" else None,
+            divergences=_divergences(idata),
+            max_rhat=_max_rhat(idata) if chains > 1 else None,
         )
+        rhat = results[sampler]["max_rhat"]
         print(
             f"{sampler:>8}: {chains} chains x ({tune} tune + {draws} draws) in "
-            f"{seconds:.1f} s; test accuracy {acc:.3f} ({n_test} images)"
+            f"{seconds:.1f} s; test accuracy {acc:.3f} ({n_test} images); "
+            f"divergences {results[sampler]['divergences']}"
+            + (f"; max r-hat {rhat:.3f}" if rhat is not None else "")
         )
     return results
+
+
+def _jax_backend() -> str | None:
+    try:
+        import jax
+    except ImportError:
+        return None
+    return jax.default_backend()
+
+
+def _divergences(idata) -> int | None:
+    """Divergent transitions over all chains (None: the sampler reports none)."""
+    try:
+        diverging = idata.sample_stats["diverging"]
+    except (AttributeError, KeyError):
+        return None
+    return int(np.asarray(diverging).sum())
+
+
+def _max_rhat(idata) -> float | None:
+    """The largest rank-normalised split r-hat over every parameter (ArviZ);
+    None, with the reason printed, where this ArviZ cannot compute it."""
+    import arviz as az
+
+    try:
+        rhat = az.rhat(idata.posterior)
+        values = [np.nanmax(np.asarray(rhat[v])) for v in rhat.data_vars]
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        print(f"r-hat not computed: arviz {az.__version__}: {type(e).__name__}: {e}")
+        return None
+    return float(max(values))
 
 
 def _parse(argv=None):
@@ -114,12 +156,13 @@ def _parse(argv=None):
     p.add_argument("--samplers", default="pymc,numpyro")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--json", default=None, help="also write the results to this file")
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
     a = _parse()
-    main(
+    res = main(
         a.n_train,
         a.n_test,
         a.channels,
@@ -130,3 +173,8 @@ if __name__ == "__main__":
         a.seed,
         a.progress,
     )
+    if a.json:
+        import json
+
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
