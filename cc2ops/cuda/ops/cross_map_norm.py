@@ -25,6 +25,7 @@ output is not an input), so the forward keeps nothing alive.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from cc2ops.cross_map_norm import (
     CrossMapNormGradSkeleton,
     CrossMapNormParams,
     CrossMapNormSkeleton,
+    cross_map_norm,
 )
 from cc2ops.cuda.op import GpuOp, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
@@ -190,24 +192,41 @@ def _launch(
     launch(fn, grid, _BLOCK, [*arrays, idx, np.int32(h * w), *scalars], device)
 
 
+#: the builder's parameters and defaults (:func:`cc2ops.cross_map_norm`), which
+#: the launchers take as keywords
+_PARAM_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(cross_map_norm).parameters.items()
+    if name in ("size", "alpha", "beta", "k", "blocked")
+}
+
+
+def _launch_params(op: str, params: dict) -> tuple:
+    """The launchers' keywords checked as the builder checks them, defaults
+    filled in: ``(size, alpha, beta, k, blocked)``."""
+    unknown = sorted(set(params) - set(_PARAM_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"{op}: unknown parameter(s) {unknown}; the parameters are "
+            f"{list(_PARAM_DEFAULTS)}"
+        )
+    values = [params.get(name, default) for name, default in _PARAM_DEFAULTS.items()]
+    size, alpha, beta, k, blocked = cross_map_params(op, *values)
+    _check_size(op, size)
+    return size, alpha, beta, k, blocked
+
+
 def cross_map_norm_forward(
-    x: Any,
-    size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
-    k: float = 2.0,
-    blocked: bool = False,
-    *,
-    device: int = 0,
-    op: str = "GpuCrossMapNorm",
+    x: Any, *, device: int = 0, op: str = "GpuCrossMapNorm", **params: Any
 ) -> Any:
     """Cross-map normalisation of a GPUArray ``x`` (B, C, H, W); returns ``y``.
 
+    ``params`` are :func:`cc2ops.cross_map_norm`'s keywords (``size``,
+    ``alpha``, ``beta``, ``k``, ``blocked``; its defaults where left out).
     Launched on ``device``'s stream (asynchronous); ``x`` may be a strided
     view (made contiguous first).
     """
-    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
-    _check_size(op, size)
+    size, alpha, beta, k, blocked = _launch_params(op, params)
     _check_array(op, "x", x)
     x = array.ascontiguous(x, device)
     y = array.empty(x.shape, x.dtype, device)
@@ -217,22 +236,12 @@ def cross_map_norm_forward(
 
 
 def cross_map_norm_grad(
-    x: Any,
-    gy: Any,
-    size: int = 5,
-    alpha: float = 1e-4,
-    beta: float = 0.75,
-    k: float = 2.0,
-    blocked: bool = False,
-    *,
-    device: int = 0,
-    op: str = "GpuCrossMapNormGrad",
+    x: Any, gy: Any, *, device: int = 0, op: str = "GpuCrossMapNormGrad", **params: Any
 ) -> Any:
     """Gradient of cross-map normalisation: GPUArrays ``x`` and ``gy``
     (B, C, H, W) give ``gx`` (B, C, H, W); the denominators are recomputed
-    from ``x``."""
-    size, alpha, beta, k, blocked = cross_map_params(op, size, alpha, beta, k, blocked)
-    _check_size(op, size)
+    from ``x``. ``params`` as for :func:`cross_map_norm_forward`."""
+    size, alpha, beta, k, blocked = _launch_params(op, params)
     _check_array(op, "x", x)
     _check_array(op, "gy", gy)
     if gy.dtype != x.dtype:

@@ -149,6 +149,20 @@ def test_make_node_errors_and_shapes():
     assert node.op._infer_shape(node, [(b, 3, 4, 5)]) == [(b, 3, 4, 5)]
 
 
+def test_launchers_take_the_builders_keywords_and_check_them_first():
+    """The launchers' parameters are cc2ops.cross_map_norm's, keyword-only,
+    checked before any array is looked at (no device needed here)."""
+    with pytest.raises(
+        TypeError, match=r"GpuCrossMapNorm: unknown parameter\(s\) \['siz'\]"
+    ):
+        grn.cross_map_norm_forward(None, siz=3)
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        grn.cross_map_norm_forward(None, 3)
+    with pytest.raises(ValueError, match="GpuCrossMapNormGrad: .*alpha must be >= 0"):
+        grn.cross_map_norm_grad(None, None, alpha=-1.0)
+    assert grn._launch_params("Op", {"size": 3}) == (3, 1e-4, 0.75, 2.0, False)
+
+
 def test_kernel_names():
     assert cross_map_norm_kernel_name("fwd", 5, 64, False, "float32", False) == (
         "cross_map_norm_fwd_n5_c64_f32"

@@ -50,8 +50,9 @@ from pytensor.graph.rewriting.basic import (
 )
 from pytensor.tensor.math import Dot
 
+from cc2ops._op import same_dtype
 from cc2ops.cuda.libs import cublas as blas
-from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device
+from cc2ops.cuda.op import GpuOp, common_device, gpu_float_variable
 from cc2ops.cuda.ops.tensor.basic import (
     GpuDimShuffle,
     gpu_constant_or_transfer,
@@ -78,23 +79,6 @@ __all__ = [
 FLOAT_DTYPES = ("float32", "float64")
 
 _Ger = getattr(_blas, "Ger", None)
-
-
-def _float_gpu(op: str, role: str, x: Any, ndim: int, axes: str) -> Variable:
-    x = as_gpu_variable(x, op=op, role=role)
-    if x.type.ndim != ndim:
-        raise TypeError(f"{op}: {role} must have {ndim} dims {axes}, got {x.type.ndim}")
-    if x.type.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {role} must be float32 or float64, got {x.type.dtype}")
-    return x
-
-
-def _same_dtype(op: str, **named: Variable) -> str:
-    dtypes = {n: v.type.dtype for n, v in named.items()}
-    if len(set(dtypes.values())) != 1:
-        got = ", ".join(f"{n} {d}" for n, d in dtypes.items())
-        raise TypeError(f"{op}: inputs must share one float dtype, got {got}")
-    return next(iter(dtypes.values()))
 
 
 def _check_inner(op: str, a: int | None, b: int | None, what: str) -> None:
@@ -131,10 +115,10 @@ class _GpuMatMul(GpuOp):
 
     def make_node(self, x: Any, y: Any) -> Apply:
         op = self._name
-        x = _float_gpu(op, "x", x, 2, "(m, k)")
-        y = _float_gpu(op, "y", y, 2, "(k, n)")
+        x = gpu_float_variable(op, "x", x, 2, "(m, k)")
+        y = gpu_float_variable(op, "y", y, 2, "(k, n)")
         device = common_device(op, x, y)
-        dtype = _same_dtype(op, x=x, y=y)
+        dtype = same_dtype(op, x=x, y=y)
         _check_inner(op, x.type.shape[1], y.type.shape[0], "inner dimensions")
         out = CudaArrayType(dtype, (x.type.shape[0], y.type.shape[1]), device)()
         return Apply(self, [x, y], [out])
@@ -187,10 +171,10 @@ class GpuDot22Scalar(GpuOp):
 
     def make_node(self, x: Any, y: Any, a: Any) -> Apply:
         op = "GpuDot22Scalar"
-        x = _float_gpu(op, "x", x, 2, "(m, k)")
-        y = _float_gpu(op, "y", y, 2, "(k, n)")
+        x = gpu_float_variable(op, "x", x, 2, "(m, k)")
+        y = gpu_float_variable(op, "y", y, 2, "(k, n)")
         device = common_device(op, x, y)
-        dtype = _same_dtype(op, x=x, y=y)
+        dtype = same_dtype(op, x=x, y=y)
         _check_inner(op, x.type.shape[1], y.type.shape[0], "inner dimensions")
         a = _host_scalar(op, "a", a)
         out = CudaArrayType(dtype, (x.type.shape[0], y.type.shape[1]), device)()
@@ -216,10 +200,10 @@ class GpuBatchedDot(GpuOp):
 
     def make_node(self, x: Any, y: Any) -> Apply:
         op = "GpuBatchedDot"
-        x = _float_gpu(op, "x", x, 3, "(batch, m, k)")
-        y = _float_gpu(op, "y", y, 3, "(batch, k, n)")
+        x = gpu_float_variable(op, "x", x, 3, "(batch, m, k)")
+        y = gpu_float_variable(op, "y", y, 3, "(batch, k, n)")
         device = common_device(op, x, y)
-        dtype = _same_dtype(op, x=x, y=y)
+        dtype = same_dtype(op, x=x, y=y)
         _check_inner(op, x.type.shape[0], y.type.shape[0], "batch sizes")
         _check_inner(op, x.type.shape[2], y.type.shape[1], "inner dimensions")
         b = x.type.shape[0] if x.type.shape[0] is not None else y.type.shape[0]
@@ -289,11 +273,11 @@ class GpuGemm(GpuOp):
 
     def make_node(self, z: Any, a: Any, x: Any, y: Any, b: Any) -> Apply:
         op = "GpuGemm"
-        z = _float_gpu(op, "z", z, 2, "(m, n)")
-        x = _float_gpu(op, "x", x, 2, "(m, k)")
-        y = _float_gpu(op, "y", y, 2, "(k, n)")
+        z = gpu_float_variable(op, "z", z, 2, "(m, n)")
+        x = gpu_float_variable(op, "x", x, 2, "(m, k)")
+        y = gpu_float_variable(op, "y", y, 2, "(k, n)")
         common_device(op, z, x, y)
-        _same_dtype(op, z=z, x=x, y=y)
+        same_dtype(op, z=z, x=x, y=y)
         _check_inner(op, x.type.shape[1], y.type.shape[0], "inner dimensions")
         _check_inner(op, z.type.shape[0], x.type.shape[0], "rows of z and x")
         _check_inner(op, z.type.shape[1], y.type.shape[1], "columns of z and y")
@@ -339,11 +323,11 @@ class GpuGemv(GpuOp):
 
     def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:  # noqa: N803
         op = "GpuGemv"
-        y = _float_gpu(op, "y", y, 1, "(m,)")
-        A = _float_gpu(op, "A", A, 2, "(m, n)")  # noqa: N806
-        x = _float_gpu(op, "x", x, 1, "(n,)")
+        y = gpu_float_variable(op, "y", y, 1, "(m,)")
+        A = gpu_float_variable(op, "A", A, 2, "(m, n)")  # noqa: N806
+        x = gpu_float_variable(op, "x", x, 1, "(n,)")
         common_device(op, y, A, x)
-        _same_dtype(op, y=y, A=A, x=x)
+        same_dtype(op, y=y, A=A, x=x)
         _check_inner(op, A.type.shape[1], x.type.shape[0], "columns of A and x")
         _check_inner(op, A.type.shape[0], y.type.shape[0], "rows of A and y")
         alpha = _host_scalar(op, "alpha", alpha)
@@ -389,11 +373,11 @@ class GpuGer(GpuOp):
 
     def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:  # noqa: N803
         op = "GpuGer"
-        A = _float_gpu(op, "A", A, 2, "(m, n)")  # noqa: N806
-        x = _float_gpu(op, "x", x, 1, "(m,)")
-        y = _float_gpu(op, "y", y, 1, "(n,)")
+        A = gpu_float_variable(op, "A", A, 2, "(m, n)")  # noqa: N806
+        x = gpu_float_variable(op, "x", x, 1, "(m,)")
+        y = gpu_float_variable(op, "y", y, 1, "(n,)")
         common_device(op, A, x, y)
-        _same_dtype(op, A=A, x=x, y=y)
+        same_dtype(op, A=A, x=x, y=y)
         _check_inner(op, A.type.shape[0], x.type.shape[0], "rows of A and x")
         _check_inner(op, A.type.shape[1], y.type.shape[0], "columns of A and y")
         alpha = _host_scalar(op, "alpha", alpha)
