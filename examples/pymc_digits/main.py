@@ -105,11 +105,13 @@ def main(
             max_rhat=_max_rhat(idata) if chains > 1 else None,
         )
         rhat = results[sampler]["max_rhat"]
+        backend = results[sampler]["jax_backend"]
         print(
             f"{sampler:>8}: {chains} chains x ({tune} tune + {draws} draws) in "
             f"{seconds:.1f} s; test accuracy {acc:.3f} ({n_test} images); "
             f"divergences {results[sampler]['divergences']}"
             + (f"; max r-hat {rhat:.3f}" if rhat is not None else "")
+            + (f"; JAX on {backend}" if backend is not None else "")
         )
     return results
 
