@@ -27,7 +27,7 @@ NOTES = Path(__file__).resolve().parent / "notes"
 #: ``<benchmark>-<gpu>-<YYYYMMDD>.json`` (BENCHMARK_RESULTS.md); the GPU tag may
 #: hold hyphens, the date is the last field.
 RESULT_NAME = re.compile(r"[a-z0-9_]+-[a-z0-9-]+-[0-9]{8}\.json")
-ORDER = ("conv", "layers", "step", "train", "multi_gpu", "cpu")
+ORDER = ("conv", "layers", "step", "train", "multi_gpu", "multi_gpu_spmd", "cpu")
 #: The columns shown per benchmark (every field stays in the JSON file).
 COLUMNS = {
     "conv": (
@@ -50,6 +50,10 @@ COLUMNS = {
     "multi_gpu": (
         "name", "gpus", "scheme", "batch", "precision", "cc2ops_ms", "peer_ms",
         "images_per_s", "speedup",
+    ),
+    "multi_gpu_spmd": (
+        "name", "gpus", "devices", "scheme", "batch", "precision", "cc2ops_ms",
+        "peer_ms", "ratio", "comm_ms", "images_per_s",
     ),
 }  # fmt: skip
 #: bench_step's torch peers (``<peer>_ms``, ``<peer>_error``).
