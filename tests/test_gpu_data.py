@@ -242,6 +242,28 @@ def test_a_file_the_decoder_refuses_goes_through_the_cpu_path(folder):
     _same_batches(_batches(gpu, plan), _batches(cpu, plan))
 
 
+def test_the_decoder_backend_of_an_image_does_not_depend_on_earlier_batches():
+    """The hardware decoder first, then the CUDA decoder, each taking every image
+    it can (load hint 1.0, FIXED): nvImageCodec's defaults split batches by
+    hints that depended on the batches decoded before, and the two decoders
+    round some pixels differently, so a resumed run read other pixels."""
+    from types import SimpleNamespace
+
+    class Backend:
+        def __init__(self, kind, load_hint=1.0, policy="FIXED"):
+            self.args = (kind, load_hint, policy)
+
+    fake = SimpleNamespace(
+        Backend=Backend,
+        BackendKind=SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="cuda",
+                                    HYBRID_CPU_GPU="hybrid", CPU_ONLY="cpu"),
+        LoadHintPolicy=SimpleNamespace(FIXED="FIXED", IGNORE="IGNORE",
+                                       ADAPTIVE_MINIMIZE_IDLE_TIME="ADAPTIVE"),
+    )  # fmt: skip
+    got = [b.args for b in gpu_data.decode_backends(fake)]
+    assert got == [("hw", 1.0, "FIXED"), ("cuda", 1.0, "FIXED")]
+
+
 def test_resume_mid_epoch_sees_the_uninterrupted_batches(folder):
     cpu, gpu, _ = _sources(folder, "train")
     plan = data.epoch_plan(len(cpu), 3, seed=7, epoch=2)
