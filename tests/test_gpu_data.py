@@ -242,7 +242,7 @@ def test_a_file_the_decoder_refuses_goes_through_the_cpu_path(folder):
     _same_batches(_batches(gpu, plan), _batches(cpu, plan))
 
 
-def test_the_decoder_backend_of_an_image_does_not_depend_on_earlier_batches():
+def test_the_decoder_takes_the_hardware_then_the_cuda_backend_each_for_every_image():
     """The hardware decoder first, then the CUDA decoder, each taking every image
     it can (load hint 1.0, FIXED): nvImageCodec's defaults split batches by
     hints that depended on the batches decoded before, and the two decoders
