@@ -250,7 +250,7 @@ def test_the_decoder_takes_the_hardware_then_the_cuda_backend_each_for_every_ima
     from types import SimpleNamespace
 
     class Backend:
-        def __init__(self, kind, load_hint=1.0, policy="FIXED"):
+        def __init__(self, kind, load_hint, policy):  # no defaults: all must be given
             self.args = (kind, load_hint, policy)
 
     fake = SimpleNamespace(

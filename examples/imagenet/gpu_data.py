@@ -249,13 +249,11 @@ def decode_backends(nvimgcodec: Any) -> list:
 
     The hardware JPEG decoder (NVJPG engines, where the GPU has them) takes
     every image it can, the CUDA decoder the others, each with load hint 1.0
-    and the ``FIXED`` policy. With nvImageCodec's default backends an image's
-    pixels depended on the batches the decoder had seen before (they differ
-    by one level in a few pixels, as the two decoders round differently): a
-    run resumed mid-epoch got other pixels than the uninterrupted run for
-    some images, and its losses parted from step 8 (1.8e-4 relative by step
-    10, on the H100). Images neither backend decodes come back as None and
-    go to the CPU path.
+    and the ``FIXED`` policy. nvImageCodec's default backends split batches by
+    hints that follow the batches decoded before, and the two decoders round
+    some pixels differently, so a run resumed mid-epoch read other pixels than
+    the uninterrupted run (benchmarks/notes/train.md). Images neither backend
+    decodes come back as None and go to the CPU path.
     """
     fixed = nvimgcodec.LoadHintPolicy.FIXED
     return [
