@@ -9,12 +9,16 @@ out. Behind the call, its VM is wrapped in a :class:`ReplayVM`:
 - The next call with the same signature is captured into a
   :class:`~cc2ops.cuda.runtime.cudagraph.CudaGraph`; that call and every later one with
   the signature replays it with one driver call.
-- Host inputs are copied into pinned (page-locked) staging buffers of the
-  graph and uploaded *inside* the graph; host outputs are downloaded inside
-  the graph into pinned buffers, and each call returns fresh copies of them,
-  after one synchronisation. GPU outputs are copied into fresh GPUArrays (a
-  device copy each), so values a caller keeps are never overwritten by a
-  later replay.
+- Host inputs are copied into pinned (page-locked) staging buffers in
+  chunks, and each chunk is uploaded as soon as it is staged, so the host's
+  copy of one chunk overlaps the upload of the one before
+  (:func:`stage_upload`); the uploads land in device buffers of the graph,
+  which the graph copies from (device to device) where the eager function
+  would have uploaded. Host outputs are downloaded inside the graph into
+  pinned buffers, and each call returns fresh copies of them, after one
+  synchronisation. GPU outputs are copied into fresh GPUArrays (a device
+  copy each), so values a caller keeps are never overwritten by a later
+  replay.
 - Updated GPU shared variables keep their buffers: the graph copies each new
   value back into the variable's buffer (as :func:`capture_function` does).
   Updated host shared variables work too when their new value is computed on
@@ -76,6 +80,9 @@ DEFAULT_MAX_GRAPHS = 4
 #: Staging copies of at least this many bytes are split over threads (numpy
 #: releases the GIL while copying; one thread copies about 10 GB/s).
 PARALLEL_COPY_BYTES = 8 << 20
+#: The size of the chunks a large host input is staged and uploaded in: the
+#: upload of one chunk overlaps the staging copy of the next ones.
+UPLOAD_CHUNK_BYTES = 4 << 20
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -174,25 +181,74 @@ def capture_plan(fgraph: Any) -> CapturePlan:
     return CapturePlan(True, "", labels[0])
 
 
-def _copy_in(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)``, split along axis 0 over threads when large."""
+def _stage_pool() -> ThreadPoolExecutor | None:
+    """The staging threads (``None`` on a one-core machine)."""
     global _pool
     n = min(8, os.cpu_count() or 1)
-    if dst.nbytes < PARALLEL_COPY_BYTES or dst.ndim == 0 or dst.shape[0] < 2 or n < 2:
-        np.copyto(dst, src, casting="no")
-        return
+    if n < 2:
+        return None
     if _pool is None:
         with _pool_lock:
             if _pool is None:
                 _pool = ThreadPoolExecutor(n, thread_name_prefix="cc2ops-stage")
-    edges = np.linspace(0, dst.shape[0], min(n, dst.shape[0]) + 1).astype(int)
-    jobs = [
-        _pool.submit(np.copyto, dst[a:b], src[a:b], casting="no")
-        for a, b in zip(edges[:-1], edges[1:], strict=True)
-        if b > a
-    ]
-    for job in jobs:
-        job.result()
+    return _pool
+
+
+def _chunks(rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Row ranges ``[a, b)`` of about ``chunk_bytes`` each covering ``rows``."""
+    per = max(1, chunk_bytes // max(1, row_bytes))
+    return [(a, min(rows, a + per)) for a in range(0, rows, per)]
+
+
+def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, src, casting="no")
+
+
+def stage_upload(
+    pinned: np.ndarray, landing: Any, src: np.ndarray, stream: Any
+) -> None:
+    """Copy ``src`` into ``pinned`` and queue its upload into ``landing``.
+
+    ``pinned`` is a C-contiguous page-locked array of ``src``'s shape and
+    dtype, ``landing`` a C-contiguous GPUArray of the same shape. Inputs of
+    at least :data:`PARALLEL_COPY_BYTES` are split along axis 0 into chunks
+    of about :data:`UPLOAD_CHUNK_BYTES`, copied by the staging threads, and
+    each chunk's upload is queued on ``stream`` as soon as its copy is done:
+    the upload of a chunk runs while later chunks are still being copied.
+    Returns once every upload is queued; ``pinned`` must not be written
+    again until ``stream`` has done them (a replay synchronises once per
+    call, so the next call's staging starts after).
+    """
+    from cc2ops.cuda.runtime.availability import driver
+
+    if pinned.shape != src.shape:
+        raise ValueError(
+            f"stage_upload: the input has shape {src.shape}, the staging buffer "
+            f"{pinned.shape}"
+        )
+    if not pinned.nbytes:
+        return
+    memcpy = driver().memcpy_htod_async
+    base = array.ptr(landing)
+    pool = _stage_pool()
+    if pinned.nbytes < PARALLEL_COPY_BYTES or pinned.ndim == 0 or pool is None:
+        _copy_rows(pinned, src)
+        memcpy(base, pinned, stream)
+        return
+    row_bytes = pinned.nbytes // pinned.shape[0]
+    ranges = _chunks(pinned.shape[0], row_bytes, UPLOAD_CHUNK_BYTES)
+    jobs = [pool.submit(_copy_rows, pinned[a:b], src[a:b]) for a, b in ranges]
+    try:
+        for (a, b), job in zip(ranges, jobs, strict=True):
+            job.result()
+            memcpy(base + a * row_bytes, pinned[a:b], stream)
+    finally:
+        # a failed copy leaves no thread writing pinned behind the caller
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            if not job.cancelled():
+                job.exception()
 
 
 def _signature(values: Sequence[Any]) -> tuple:
@@ -214,6 +270,9 @@ class _Entry:
     graph: CudaGraph | None = None
     #: input position -> pinned host staging buffer (host inputs)
     pinned_in: dict[int, np.ndarray] = field(default_factory=dict)
+    #: input position -> the GPUArray a host input's upload lands in, which
+    #: the graph copies from
+    landing: dict[int, Any] = field(default_factory=dict)
     #: input position -> the GPUArray whose address the graph reads
     gpu_in: dict[int, Any] = field(default_factory=dict)
     #: the output values of the captured call (pinned arrays or GPUArrays)
@@ -328,7 +387,7 @@ class ReplayVM:
         for k, v in enumerate(values):
             pinned = entry.pinned_in.get(k)
             if pinned is not None:
-                _copy_in(pinned, v)
+                stage_upload(pinned, entry.landing[k], v, stream)
                 continue
             buf = entry.gpu_in[k]
             if array.ptr(v) == array.ptr(buf) and tuple(v.strides) == tuple(
@@ -343,9 +402,11 @@ class ReplayVM:
         staged = []
         for k, v in enumerate(values):
             if isinstance(v, np.ndarray):
+                # filled by each call before its replay (_stage); nothing
+                # reads them while the graph is captured
                 pinned = transfer.pinned_empty(v.shape, v.dtype)
-                _copy_in(pinned, v)
                 entry.pinned_in[k] = pinned
+                entry.landing[k] = array.empty(v.shape, v.dtype, device)
                 staged.append(pinned)
             elif k in self._explicit or not array.is_c_contiguous(v):
                 # the caller's array stays the caller's: the graph reads a copy
@@ -373,22 +434,23 @@ class ReplayVM:
                     out[o] = old
             return out
 
-        staged_at = {p.ctypes.data for p in entry.pinned_in.values() if p.nbytes}
+        staged_at = {
+            p.ctypes.data: entry.landing[k]
+            for k, p in entry.pinned_in.items()
+            if p.nbytes
+        }
         with _capture_buffers(entry.downloads, staged_at):
             entry.outputs = graph.capture(body)
         entry.graph = graph
         self.stats["captures"] += 1
         dev.activate()
-        return self._replay(entry, values, staged_already=True)
+        return self._replay(entry, values)
 
-    def _replay(
-        self, entry: _Entry, values: Sequence[Any], staged_already: bool = False
-    ) -> list[Any]:
+    def _replay(self, entry: _Entry, values: Sequence[Any]) -> list[Any]:
         device = self.plan.device
         dev = get_device(device)
         dev.activate()
-        if not staged_already:
-            self._stage(entry, values, dev.stream)
+        self._stage(entry, values, dev.stream)
         self._restore(
             [entry.pinned_in.get(k, entry.gpu_in.get(k)) for k in range(len(values))]
         )
@@ -430,9 +492,10 @@ def _is_shared(var: Variable) -> bool:
 
 class _capture_buffers:
     """While capturing: ``HostFromGpu`` downloads into pinned buffers kept in
-    ``keep``; ``GpuFromHost`` reads the staging buffers at ``staged`` in place."""
+    ``keep``; ``GpuFromHost`` of a staging buffer (host address -> landing
+    GPUArray in ``staged``) copies from its landing buffer on the device."""
 
-    def __init__(self, keep: list[np.ndarray], staged: set[int]) -> None:
+    def __init__(self, keep: list[np.ndarray], staged: dict[int, Any]) -> None:
         self.keep, self.staged = keep, staged
 
     def __enter__(self) -> None:
@@ -441,4 +504,5 @@ class _capture_buffers:
 
     def __exit__(self, *exc: Any) -> None:
         transfer.capture_downloads.pop()
-        transfer.capture_staged.difference_update(self.staged)
+        for address in self.staged:
+            transfer.capture_staged.pop(address, None)

@@ -45,7 +45,7 @@ from cc2ops.cuda.runtime.array import (
     to_host,
 )
 from cc2ops.cuda.runtime.availability import driver
-from cc2ops.cuda.runtime.cudagraph import capturing, hold
+from cc2ops.cuda.runtime.cudagraph import GraphCaptureError, capturing, hold
 from cc2ops.cuda.runtime.device import get_device
 from cc2ops.cuda.type import CudaArrayType
 
@@ -79,10 +79,11 @@ def _check_device(op: str, name: str, value: Any) -> int:
 #: pinned download buffers are kept in (innermost last): ``HostFromGpu`` then
 #: queues its copy into a pinned buffer instead of synchronising.
 capture_downloads: list[list[np.ndarray]] = []
-#: Host addresses of the pinned staging buffers of the call being captured:
-#: ``GpuFromHost`` copies from them in place, so that each replay uploads
-#: what the caller staged there.
-capture_staged: set[int] = set()
+#: The staging buffers of the call being captured, by host address, each
+#: with the GPUArray its upload lands in before every replay: ``GpuFromHost``
+#: of a staging buffer copies the landing buffer (device to device), so each
+#: replay reads what the caller staged.
+capture_staged: dict[int, Any] = {}
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -96,20 +97,30 @@ def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 def _upload(value: Any, device: int) -> Any:
     """``to_gpu``; while ``device`` captures, from memory that outlives the call.
 
-    A captured copy reads its host address on every replay. A staging buffer
-    (:data:`capture_staged`) is read in place; any other host value (one
-    computed from shapes during the capture, say) is copied into a pinned
-    buffer held by the graph, whose contents are that value for good.
+    A captured copy reads its address on every replay. A staging buffer
+    (:data:`capture_staged`) is uploaded before each replay into its landing
+    buffer, which the graph copies (a fresh buffer per upload, so a GPU op
+    that overwrites its input in place never touches the landing buffer);
+    any other host value (one computed from shapes during the capture, say)
+    is copied into a pinned buffer held by the graph, whose contents are
+    that value for good.
     """
     if not capturing(device):
         return to_gpu(value, device)
     host = np.asarray(value, order="C")  # keeps 0-d (ascontiguousarray does not)
-    if host.ctypes.data not in capture_staged or not host.nbytes:
-        pinned = pinned_empty(host.shape, host.dtype)
-        np.copyto(pinned, host)
-        hold(device, pinned)
-        host = pinned
-    return to_gpu(host, device)
+    landing = capture_staged.get(host.ctypes.data) if host.nbytes else None
+    if landing is not None:
+        if tuple(landing.shape) != host.shape or np.dtype(landing.dtype) != host.dtype:
+            raise GraphCaptureError(
+                f"GpuFromHost: a view {host.shape} {host.dtype} of a staging buffer "
+                f"{tuple(landing.shape)} {landing.dtype} is uploaded; only whole "
+                "inputs are staged"
+            )
+        return copy(landing, device)
+    pinned = pinned_empty(host.shape, host.dtype)
+    np.copyto(pinned, host)
+    hold(device, pinned)
+    return to_gpu(pinned, device)
 
 
 def _download_captured(garray: Any, label: int, keep: list[np.ndarray]) -> np.ndarray:

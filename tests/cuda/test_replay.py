@@ -2,13 +2,18 @@
 
 CPU tests: :func:`capture_plan` on rewritten graphs (capturable steps; host
 work on values, host dropout state and multi-device graphs refused, each with
-its reason) and the mode's argument checks. GPU tests: a training step with
-host minibatches and GPU parameters gives the eager function's losses and
-parameters call after call while replaying; new shapes capture new graphs
-within ``max_graphs``; returned host and GPU values are never overwritten by a
-later call; the softmax label check still raises after capture; a function
-that cannot be captured warns once and runs eagerly with the right values; an
-updated host shared variable computed on the GPU follows the eager one.
+its reason) and the mode's argument checks. CPU tests of the chunked staging
+of host inputs (:func:`stage_upload`, against a fake driver that records each
+queued upload): the chunks cover the input in order, each is fully staged when
+its upload is queued, and a failed chunk stops the uploads at it. GPU tests: a
+training step with host minibatches and GPU parameters gives the eager
+function's losses and parameters call after call while replaying; inputs large
+enough to be staged in chunks give the right results; new shapes capture new
+graphs within ``max_graphs``; returned host and GPU values are never
+overwritten by a later call; the softmax label check still raises after
+capture; a function that cannot be captured warns once and runs eagerly with
+the right values; an updated host shared variable computed on the GPU follows
+the eager one.
 """
 
 from __future__ import annotations
@@ -151,6 +156,104 @@ def test_mode_carries_replay_settings_to_the_linker():
 
 
 # --------------------------------------------------------------------------
+# CPU: staging host inputs in chunks, each uploaded once it is copied
+# --------------------------------------------------------------------------
+
+
+class _FakeLanding:
+    """What stage_upload reads of a GPUArray: its device address."""
+
+    def __init__(self, address, shape):
+        self.gpudata, self.shape = address, shape
+
+
+class _FakeDriver:
+    """Records each queued upload: (device address, the bytes it would copy
+    at the time it was queued, stream)."""
+
+    def __init__(self):
+        self.uploads = []
+
+    def memcpy_htod_async(self, dest, src, stream):
+        self.uploads.append((int(dest), np.array(src).tobytes(), stream))
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    from cc2ops.cuda.runtime import availability
+
+    drv = _FakeDriver()
+    monkeypatch.setattr(availability, "driver", lambda: drv)
+    return drv
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_stage_upload_chunks_cover_the_input_in_order(monkeypatch, fake_driver, rows):
+    from cc2ops.cuda import replay
+
+    monkeypatch.setattr(replay, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(replay, "UPLOAD_CHUNK_BYTES", 3 * 5 * 4 * 2)  # 2 rows
+    src = np.random.default_rng(0).standard_normal((rows, 3, 5)).astype(np.float32)
+    src = src[:, :, ::-1]  # not C-contiguous: the staging copy reorders it
+    pinned = np.empty(src.shape, np.float32)
+    base = 1 << 40
+    replay.stage_upload(pinned, _FakeLanding(base, src.shape), src, "stream")
+    np.testing.assert_array_equal(pinned, src)
+    row = 3 * 5 * 4
+    expected = [(base + a * row, src[a : min(rows, a + 2)]) for a in range(0, rows, 2)]
+    assert [u[0] for u in fake_driver.uploads] == [e[0] for e in expected]
+    for (_, data, stream), (_, chunk) in zip(
+        fake_driver.uploads, expected, strict=True
+    ):
+        # each chunk was fully staged when its upload was queued
+        assert data == np.ascontiguousarray(chunk).tobytes()
+        assert stream == "stream"
+
+
+def test_stage_upload_small_inputs_are_one_copy_and_one_upload(fake_driver):
+    from cc2ops.cuda.replay import stage_upload
+
+    src = np.arange(12, dtype=np.int32).reshape(3, 4)
+    pinned = np.zeros_like(src)
+    stage_upload(pinned, _FakeLanding(4096, src.shape), src, None)
+    assert fake_driver.uploads == [(4096, src.tobytes(), None)]
+    stage_upload(np.zeros((0, 4), np.int32), _FakeLanding(0, (0, 4)),
+                 np.zeros((0, 4), np.int32), None)  # fmt: skip
+    assert len(fake_driver.uploads) == 1  # nothing queued for an empty input
+
+
+def test_stage_upload_rejects_a_shape_mismatch(fake_driver):
+    from cc2ops.cuda.replay import stage_upload
+
+    with pytest.raises(ValueError, match=r"input has shape \(2, 3\), the staging"):
+        stage_upload(np.zeros((3, 2), np.float32), _FakeLanding(0, (3, 2)),
+                     np.zeros((2, 3), np.float32), None)  # fmt: skip
+    assert fake_driver.uploads == []
+
+
+def test_stage_upload_a_failed_chunk_raises_after_the_chunks_before_it(
+    monkeypatch, fake_driver
+):
+    from cc2ops.cuda import replay
+
+    monkeypatch.setattr(replay, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(replay, "UPLOAD_CHUNK_BYTES", 4)  # one row per chunk
+    real = replay._copy_rows
+
+    def copy_rows(dst, src):
+        if src[0, 0] == 3:
+            raise MemoryError("chunk 3")
+        real(dst, src)
+
+    monkeypatch.setattr(replay, "_copy_rows", copy_rows)
+    src = np.arange(6, dtype=np.float32).reshape(6, 1)
+    with pytest.raises(MemoryError, match="chunk 3"):
+        replay.stage_upload(np.zeros((6, 1), np.float32), _FakeLanding(0, (6, 1)),
+                            src, None)  # fmt: skip
+    assert [u[0] for u in fake_driver.uploads] == [0, 4, 8]  # rows 0-2 only
+
+
+# --------------------------------------------------------------------------
 # GPU
 # --------------------------------------------------------------------------
 
@@ -173,6 +276,30 @@ def test_auto_replay_step_matches_eager():
             array.to_host(a.get_value()), array.to_host(e.get_value()), rtol=1e-5
         )
     assert auto.vm.stats == {"eager": 1, "captures": 1, "replays": 5}
+
+
+@gpu
+def test_auto_replay_large_inputs_staged_in_chunks(monkeypatch):
+    """Inputs above the parallel threshold go through the chunked staging and
+    upload; every call's result follows its own input."""
+    from cc2ops.cuda import replay
+
+    monkeypatch.setattr(replay, "PARALLEL_COPY_BYTES", 1 << 10)
+    monkeypatch.setattr(replay, "UPLOAD_CHUNK_BYTES", 1 << 12)
+    x = pt.matrix("x", dtype="float32")
+    w = cuda.shared(np.full((64, 2), 0.5, np.float32), name="w")
+    gx = cuda.gpu_from_host(x)
+    # the uploaded input read twice (2 * gx may overwrite it in place)
+    outs = [(gx @ w).sum(0), (2 * gx).max(0)]
+    fn = pytensor.function([x], outs, mode=cuda.mode(graphs=True))
+    r = np.random.default_rng(8)
+    for i in range(5):
+        v = r.standard_normal((257, 64)).astype(np.float32)  # 64 KiB, 17 chunks
+        s, m = fn(v)
+        np.testing.assert_allclose(s, (v @ np.full((64, 2), 0.5)).sum(0), rtol=1e-4,
+                                   err_msg=f"call {i}")  # fmt: skip
+        np.testing.assert_allclose(m, 2 * v.max(0), rtol=1e-6, err_msg=f"call {i}")
+    assert fn.vm.stats == {"eager": 1, "captures": 1, "replays": 4}
 
 
 @gpu
