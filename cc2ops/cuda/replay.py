@@ -71,6 +71,7 @@ __all__ = [
     "ReplayWarning",
     "CapturePlan",
     "capture_plan",
+    "stage_upload",
     "DEFAULT_MAX_GRAPHS",
 ]
 
