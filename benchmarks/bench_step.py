@@ -112,12 +112,15 @@ the JSON file) when a later stage fails or the time budget runs out:
    :class:`cc2ops.cuda.runtime.profile.ThunkProfile`: device time (each node's
    kernels run back to back behind a held stream) and host time apart; the
    ten op classes with the most device time go into each eager row as
-   ``top_ops``, with the step's summed ``device_ms`` and ``host_ms``;
+   ``top_ops``, with the step's summed ``device_ms`` and ``host_ms``, and
+   the host cost per node of every op class (``host_us_per_node``, after
+   four warm-up calls so that launch tapes replay) with issue 18's bar:
+   ``host_bar_met`` when no class of :data:`HOST_BAR_OPS` exceeds 15 us;
 5. full runs only, nets with dropout layers (ImageNet): the step with its
    dropout 0.5 on both sides and in every torch peer (different random
    masks, so not loss-checked; same work), rows ``..._dropout``.
 
-``--quick``: 2 loss-check steps, 2 warm-up + 8 timed steps per precision and
+``--quick``: 2 loss-check steps, 3 warm-up + 8 timed steps per precision and
 library, 1 profiled step, and a 180 s budget per net (``--budget``; the
 compiled peer's compiles take part of it). When a net's budget runs out its
 run stops where it is, the rows so far are written and the next net runs.
@@ -176,7 +179,7 @@ from cc2ops.testing.nets import (  # noqa: E402
 )
 
 LOSS_RTOL = 1e-3
-QUICK = {"check_steps": 2, "warmup": 2, "iters": 8, "breakdown_steps": 1, "budget": 180}
+QUICK = {"check_steps": 2, "warmup": 3, "iters": 8, "breakdown_steps": 1, "budget": 180}
 PRECISIONS = (("fp32", False), ("tf32", True))
 #: The nets and batches of issue 18 (``--net``'s default).
 DEFAULT_NETS = "imagenet:128,imagenet:32,cifar18:128"
@@ -685,15 +688,46 @@ def check_torch_peers_on_host(
     return out
 
 
+#: Issue 18's host-cost bar: microseconds per node for the common op classes.
+HOST_BAR_US = 15.0
+#: The op classes the bar is for (elementwise, conv passes, pooling, GEMM).
+HOST_BAR_OPS = (
+    "GpuElemwise", "GpuFilterActs", "GpuImageActs", "GpuWeightActs",
+    "GpuMaxPool", "GpuMaxPoolGrad", "GpuAvgPool", "GpuAvgPoolGrad",
+    "GpuDot22", "GpuGemm",
+)  # fmt: skip
+#: Profiled warm-up calls: a launch tape needs two equal recordings, and an
+#: autotuned pass a first call to tune (cc2ops.cuda.runtime.tape).
+BREAKDOWN_WARMUP = 4
+
+
+def host_cost(by_op: list[dict]) -> dict:
+    """Host microseconds per node of each op class, and the bar's verdict over
+    :data:`HOST_BAR_OPS` (pure: the tests feed it made-up records)."""
+    per_node = {
+        e["op"]: 1e3 * e["host_ms"] / e["nodes"] for e in by_op if e["nodes"] > 0
+    }
+    barred = {op: us for op, us in per_node.items() if op in HOST_BAR_OPS}
+    worst = max(barred, key=barred.get) if barred else None
+    return {
+        "host_us_per_node": {op: round(us, 1) for op, us in per_node.items()},
+        "host_bar_us": HOST_BAR_US,
+        "host_bar_worst_op": worst,
+        "host_bar_met": bool(barred) and barred[worst] <= HOST_BAR_US,
+    }
+
+
 def breakdown(fn: Any, args: tuple, steps: int, tf32: bool, top: int = 10) -> dict:
-    """Per-op device and host time of a Python-VM step (ThunkProfile)."""
+    """Per-op device and host time of a Python-VM step (ThunkProfile), with
+    the host cost per node of every op class (:func:`host_cost`)."""
     from cc2ops.cuda import allow_tf32
     from cc2ops.cuda.runtime.profile import ThunkProfile
 
     prof = ThunkProfile(fn)
     with allow_tf32(tf32):
-        res = prof.run(*args, steps=steps, warmup=1)
+        res = prof.run(*args, steps=steps, warmup=BREAKDOWN_WARMUP)
     return {
+        **host_cost(res["by_op"]),
         "device_ms_summed": res["device_ms"],
         "host_ms_summed": res["host_ms"],
         "synchronizing_nodes": res["synchronizing_nodes"],
@@ -906,6 +940,15 @@ class Report:
                     f"{100 * r['share']:5.1f}%  host {r['host_ms']:7.3f} ms "
                     f"({r['nodes']} nodes)"
                 )
+            if "host_us_per_node" in row:
+                verdict = "met" if row["host_bar_met"] else "unmet"
+                print(
+                    f"  host us per node (bar {row['host_bar_us']:.0f} us on "
+                    f"{', '.join(HOST_BAR_OPS)}: {verdict}, worst "
+                    f"{row['host_bar_worst_op']}):"
+                )
+                for op, us in sorted(row["host_us_per_node"].items()):
+                    print(f"    {op:<32} {us:7.1f} us")
 
 
 def log(t0: float, msg: str) -> None:

@@ -264,3 +264,21 @@ def test_dry_run_checks_the_compiled_peer_on_the_cpu():
     assert "error" not in compiled, compiled
     assert compiled["ok"] is True and compiled["max_rel"] < bench.LOSS_RTOL, compiled
     assert len(compiled["torch_compile_losses"]) == 3
+
+
+def test_host_cost_is_per_node_and_barred_on_the_common_op_classes():
+    by_op = [
+        {"op": "GpuElemwise", "host_ms": 0.24, "nodes": 20},  # 12 us a node
+        {"op": "GpuFilterActs", "host_ms": 0.07, "nodes": 5},  # 14 us
+        {"op": "GpuCAReduce", "host_ms": 0.4, "nodes": 4},  # 100 us, not barred
+        {"op": "GpuDimShuffle", "host_ms": 0.0, "nodes": 0},
+    ]
+    got = bench.host_cost(by_op)
+    assert got["host_us_per_node"] == {
+        "GpuElemwise": 12.0, "GpuFilterActs": 14.0, "GpuCAReduce": 100.0
+    }  # fmt: skip
+    assert got["host_bar_met"] and got["host_bar_worst_op"] == "GpuFilterActs"
+    by_op[1]["host_ms"] = 0.08  # 16 us
+    got = bench.host_cost(by_op)
+    assert not got["host_bar_met"] and got["host_bar_worst_op"] == "GpuFilterActs"
+    assert bench.host_cost(by_op[2:])["host_bar_met"] is False, "nothing barred"

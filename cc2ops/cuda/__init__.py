@@ -42,7 +42,7 @@ from cc2ops.cuda import (
     rewriting,  # noqa: F401  (the lifting rewriter)
 )
 from cc2ops.cuda.capture import CapturedFunction, capture_function
-from cc2ops.cuda.mode import mode
+from cc2ops.cuda.mode import launch_tapes, mode
 from cc2ops.cuda.op import GpuOp
 from cc2ops.cuda.runtime.availability import (
     CudaUnavailableError,
@@ -92,6 +92,7 @@ __all__ = [
     "gpu_to_gpu",
     "GpuOp",
     "mode",
+    "launch_tapes",
     "CudaGraph",
     "CapturedFunction",
     "GraphCaptureError",

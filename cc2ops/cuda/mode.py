@@ -54,6 +54,7 @@ from cc2ops.distributed.hybrid import MultiDeviceMode
 
 __all__ = [
     "GpuMode",
+    "launch_tapes",
     "GpuVMLinker",
     "MultiGpuMode",
     "multi_gpu_mode",
@@ -179,6 +180,39 @@ class GpuMode(Mode):
     def cc2ops_device(self) -> int:
         """The main device label of this mode."""
         return self.cc2ops_devices[0]
+
+
+def launch_tapes(fn: Any) -> list[dict[str, Any]]:
+    """What the launch tapes of a compiled GPU function do, node by node.
+
+    One entry per node whose op is taped (``GpuOp.tape_replay``), in the
+    order the VM runs them: ``op`` (the node's op), ``tapes`` (input
+    geometries with a tape), ``plays`` (calls replayed so far) and
+    ``refusal`` (why the latest recording could not be replayed, or
+    ``None``). See :mod:`cc2ops.cuda.runtime.tape`.
+    """
+    vm = getattr(fn, "vm", None)
+    vm = getattr(vm, "vm", vm)  # a ReplayVM wraps the linker's VM
+    thunks = getattr(vm, "thunks", None)
+    if thunks is None:
+        raise TypeError(
+            f"launch_tapes: {type(fn).__name__} is not a function compiled with "
+            "cc2ops.cuda.mode()"
+        )
+    report = []
+    for node, thunk in zip(vm.nodes, thunks, strict=True):
+        tapes = getattr(thunk, "tapes", None)
+        if tapes is None:
+            continue
+        report.append(
+            {
+                "op": str(node.op),
+                "tapes": len(tapes.tapes),
+                "plays": sum(t.plays for t in tapes.tapes.values()),
+                "refusal": tapes.last_refusal,
+            }
+        )
+    return report
 
 
 def mode(

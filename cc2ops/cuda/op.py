@@ -79,11 +79,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from pytensor.graph.basic import Apply, Variable
 
 from cc2ops._op import FLOAT_DTYPES, Cc2Op
-from cc2ops.cuda.runtime.availability import require
+from cc2ops.cuda.runtime.availability import driver, require
+from cc2ops.cuda.runtime.cudagraph import any_capture as cudagraph_active
 from cc2ops.cuda.runtime.device import get_device
+from cc2ops.cuda.runtime.precision import get_allow_tf32
+from cc2ops.cuda.runtime.tape import NodeTapes, gpuarray_fields
 from cc2ops.cuda.type import CudaArrayType
 
 __all__ = [
@@ -93,6 +97,29 @@ __all__ = [
     "gpu_float_variable",
     "devices_of",
 ]
+
+
+_TAPE_PARTS: dict[int, tuple | None] = {}
+
+
+def _tape_parts(dev: Any) -> tuple | None:
+    """pycuda's argument packer and the attributes of a fresh GPUArray, checked
+    once per physical device; ``None`` (no tapes) if they are not as expected."""
+    if dev.index in _TAPE_PARTS:
+        return _TAPE_PARTS[dev.index]
+    parts = None
+    try:
+        from pycuda._pvt_struct import pack
+        from pycuda.gpuarray import GPUArray
+
+        sample = GPUArray((1,), np.float32, allocator=dev.allocator)
+        fields = gpuarray_fields(sample)
+        if {"gpudata", "base", "shape", "strides", "dtype"} <= fields:
+            parts = (pack, fields)
+    except Exception:  # pycuda without these internals: perform only
+        parts = None
+    _TAPE_PARTS[dev.index] = parts
+    return parts
 
 
 def devices_of(variables: Any) -> list[int]:
@@ -174,8 +201,26 @@ class GpuOp(Cc2Op):
     op's device around ``perform`` and forbids constant folding.
     """
 
+    #: Whether the node's calls may be replayed from a launch tape
+    #: (:mod:`cc2ops.cuda.runtime.tape`). An op that sets it promises that its
+    #: ``perform`` queues device work only through the runtime's entry points
+    #: (``launch``, ``array``'s allocation, copy and fill helpers, cuBLAS) and
+    #: that nothing it does depends on host state outside its inputs'
+    #: geometry, its small host inputs and the TF32 switch.
+    tape_replay: bool = False
+
     def do_constant_folding(self, fgraph: Any, node: Apply) -> bool:
         return False
+
+    def _node_tapes(self, node: Apply, dev: Any) -> NodeTapes | None:
+        """The tape cache of ``node`` (``None`` when pycuda's array type or
+        argument packer is not what the tapes expect)."""
+        parts = _tape_parts(dev)
+        if parts is None:
+            return None
+        pack, fields = parts
+        gpu = [isinstance(v.type, CudaArrayType) for v in node.inputs]
+        return NodeTapes(gpu, dev.allocator, driver, pack, fields, get_allow_tf32)
 
     def device_of(self, node: Apply) -> int:
         """The one device label of ``node``'s GPU inputs and outputs."""
@@ -220,11 +265,50 @@ class GpuOp(Cc2Op):
             node, storage_map, compute_map, no_recycling, impl=impl
         )
         dev = get_device(self.thunk_device(node))
+        tapes = self._node_tapes(node, dev) if self.tape_replay else None
 
-        def gpu_thunk(thunk: Any = thunk, dev: Any = dev) -> Any:
-            dev.activate()
-            return thunk()
+        if tapes is None:
 
+            def gpu_thunk(thunk: Any = thunk, dev: Any = dev) -> Any:
+                dev.activate()
+                return thunk()
+
+        else:
+            in_cells = [storage_map[v] for v in node.inputs]
+            out_cells = [storage_map[v] for v in node.outputs]
+            computed = [compute_map[v] for v in node.outputs] if compute_map else []
+
+            def gpu_thunk(
+                thunk: Any = thunk,
+                dev: Any = dev,
+                tapes: NodeTapes = tapes,
+                in_cells: list = in_cells,
+                out_cells: list = out_cells,
+                computed: list = computed,
+            ) -> Any:
+                dev.activate()
+                values = [c[0] for c in in_cells]
+                key = tapes.key(values)
+                if key is None or cudagraph_active():
+                    return thunk()
+                tape = tapes.get(key)
+                if tape is not None:
+                    tape.play(values, out_cells)
+                    for c in computed:
+                        c[0] = True
+                    return None
+                if not tapes.wants_recording(key):
+                    return thunk()
+                rec = tapes.start(values)
+                done = False
+                try:
+                    out = thunk()
+                    done = True
+                finally:
+                    tapes.stop(rec, key, [c[0] for c in out_cells] if done else None)
+                return out
+
+        gpu_thunk.tapes = tapes  # read by launch_tapes (cc2ops.cuda.mode)
         gpu_thunk.inputs = thunk.inputs
         gpu_thunk.outputs = thunk.outputs
         gpu_thunk.lazy = getattr(thunk, "lazy", False)

@@ -35,6 +35,7 @@ from pytensor.tensor.shape import Shape_i
 from pytensor.tensor.type import TensorType
 
 from cc2ops.cuda.op import GpuOp
+from cc2ops.cuda.runtime import tape
 from cc2ops.cuda.runtime.array import (
     SUPPORTED_KINDS,
     ascontiguous,
@@ -134,6 +135,7 @@ def _download_captured(garray: Any, label: int, keep: list[np.ndarray]) -> np.nd
     dev = get_device(label)
     dev.activate()
     if host.nbytes:
+        tape.refuse("a download to the host")
         driver().memcpy_dtoh_async(host, ptr(src), dev.stream)
     keep.append(host)
     return host
@@ -296,6 +298,7 @@ class GpuToGpu(GpuOp):
         contiguous = ascontiguous(x, self.src)
         out = empty(contiguous.shape, contiguous.dtype, self.dst)
         if out.nbytes:
+            tape.refuse("a copy between devices")
             driver().memcpy_peer(
                 ptr(out), ptr(contiguous), out.nbytes,
                 dest_context=dst.context, src_context=src.context,
@@ -330,6 +333,8 @@ class GpuDeepCopy(GpuOp):
     ``DeepCopyOp`` calls ``GPUArray.copy()``, which keeps the source's strides
     and so cannot copy a view with gaps into a buffer of the view's size.
     """
+
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     __props__ = ()
 

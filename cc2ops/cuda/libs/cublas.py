@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from cc2ops.cuda.runtime import tape
 from cc2ops.cuda.runtime.array import ascontiguous, device_of, empty, is_gpuarray, ptr
 from cc2ops.cuda.runtime.device import (
     get_device,
@@ -161,7 +162,16 @@ def library_path() -> str:
     return load_library("cublas", user=f"{_WHERE} (cuBLAS)", error=CublasError)
 
 
-def _call(fname: str, *args: Any) -> Any:
+#: The calls that queue work on the handle's stream: a launch tape records
+#: them (:mod:`cc2ops.cuda.runtime.tape`); any other call refuses a recording.
+_QUEUED_CALLS = frozenset({
+    "sgemm", "dgemm", "gemm_ex",
+    "sgemm_strided_batched", "dgemm_strided_batched", "gemm_strided_batched_ex",
+    "sgemv", "dgemv",
+})  # fmt: skip
+
+
+def _invoke(fname: str, *args: Any) -> Any:
     """``nvmath.bindings.cublas.<fname>(*args)``; a failing status raises
     :class:`CublasError` naming the call and the status."""
     cublas = _nv()
@@ -172,6 +182,17 @@ def _call(fname: str, *args: Any) -> Any:
         raise CublasError(
             f"{_WHERE}: {fname} failed: {status_name(status)}", status
         ) from e
+
+
+def _call(fname: str, *args: Any) -> Any:
+    """:func:`_invoke`, reported to a launch tape being recorded."""
+    out = _invoke(fname, *args)
+    if tape.recorder() is not None:
+        if fname in _QUEUED_CALLS:
+            tape.note_library(_invoke, fname, args)
+        else:
+            tape.refuse(f"cuBLAS {fname}")
+    return out
 
 
 def _destroy_handles() -> None:
@@ -333,7 +354,10 @@ def _scalars(dtype: np.dtype, alpha: Any, beta: Any) -> tuple[np.ndarray, np.nda
     """``alpha`` and ``beta`` as host scalars of ``dtype`` (cuBLAS's default
     host pointer mode: it reads them before the call returns, so a captured
     graph keeps the values)."""
-    return np.array(alpha, dtype=dtype), np.array(beta, dtype=dtype)
+    al, be = np.array(alpha, dtype=dtype), np.array(beta, dtype=dtype)
+    tape.note_host_scalar(al)
+    tape.note_host_scalar(be)
+    return al, be
 
 
 def _fold(op: str, transposed: bool) -> str:

@@ -270,6 +270,8 @@ class _GpuCrossMapBase(CrossMapNormParams, GpuGradients, GpuOp):
     """The GPU ops' base: the host props (``size`` at most :data:`MAX_SIZE`),
     the GPU gradient hooks and the GPU op machinery."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("size", "alpha", "beta", "k", "blocked")
 
     def _check_props(self) -> None:

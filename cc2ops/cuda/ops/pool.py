@@ -512,6 +512,8 @@ class _GpuPool(GpuGradients, GpuOp):
     """The GPU pooling ops' base: their props, the GPU gradient hooks and the
     GPU op machinery (the rest is the host ops' skeletons)."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("size", "stride", "start")
 
 

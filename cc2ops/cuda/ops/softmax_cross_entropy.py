@@ -52,7 +52,7 @@ from pytensor.graph.basic import Apply, Variable
 from cc2ops._op import FLOAT_DTYPES
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
-from cc2ops.cuda.runtime import array
+from cc2ops.cuda.runtime import array, tape
 from cc2ops.cuda.runtime.availability import driver
 from cc2ops.cuda.runtime.compile import (
     get_kernel,
@@ -322,7 +322,9 @@ def forward_workspace(device: int, rows: int, partial_bytes: int) -> tuple[int, 
         base = int(ws.alloc)
         if not ws.zeroed:
             dev.activate()
-            driver().memset_d32_async(base, 0, ws.rows, dev.stream)
+            args = (base, 0, ws.rows, dev.stream)
+            driver().memset_d32_async(*args)
+            tape.note_driver("memset_d32_async", args, (0,))
             ws.zeroed = not capturing(device)
         return base, base + ws.count_bytes
 

@@ -40,6 +40,7 @@ from cc2ops.cuda.runtime.compile import (
 # is_gpuarray, device_of and ptr live in device.py (compile needs them to pack
 # kernel arguments, and this module launches kernels); re-exported here
 from cc2ops.cuda.runtime.device import device_of, get_device, is_gpuarray, ptr
+from cc2ops.cuda.runtime.tape import note_driver, refuse
 
 __all__ = [
     "view",
@@ -151,7 +152,9 @@ def zeros(shape: Sequence[int] | int, dtype: Any, device: int) -> Any:
         dev = get_device(device)
         from cc2ops.cuda.runtime.availability import driver
 
-        driver().memset_d8_async(ptr(out), 0, out.nbytes, dev.stream)
+        args = (ptr(out), 0, out.nbytes, dev.stream)
+        driver().memset_d8_async(*args)
+        note_driver("memset_d8_async", args, (0,))
     return out
 
 
@@ -170,6 +173,7 @@ def to_gpu(array: Any, device: int) -> Any:
     """
     host = np.asarray(array, order="C")
     _check_dtype("to_gpu", host.dtype)
+    refuse("an upload from the host")
     out = empty(host.shape, host.dtype, device)
     if host.nbytes:
         dev = get_device(device)
@@ -214,6 +218,7 @@ def to_host(garray: Any, device: int | None = None) -> np.ndarray:
         return np.asarray(garray, order="C")
     if not is_gpuarray(garray):
         raise TypeError(f"to_host: expected a GPUArray, got {type(garray).__name__}")
+    refuse("a read-back to the host")
     label = _device_label_for(garray, device)
     src = ascontiguous(garray, label)
     host = np.empty(src.shape, src.dtype)
@@ -282,7 +287,9 @@ def _copy_into_contiguous(src: Any, dst: Any, device: int) -> None:
         from cc2ops.cuda.runtime.availability import driver
 
         dev.activate()
-        driver().memcpy_dtod_async(ptr(dst), ptr(src), src.nbytes, dev.stream)
+        args = (ptr(dst), ptr(src), src.nbytes, dev.stream)
+        driver().memcpy_dtod_async(*args)
+        note_driver("memcpy_dtod_async", args, (0, 1))
         return
     unit, extents, strides = _geometry(src)
     if len(extents) > COPY_MAX_DIMS:

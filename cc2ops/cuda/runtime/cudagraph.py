@@ -61,6 +61,7 @@ from cc2ops.cuda.runtime.libraries import binding
 __all__ = [
     "GraphCaptureError",
     "CudaGraph",
+    "any_capture",
     "capturing",
     "defer_check",
     "hold",
@@ -146,6 +147,11 @@ class _Capture:
 
 _active: dict[int, _Capture] = {}
 _active_lock = threading.Lock()
+
+
+def any_capture() -> bool:
+    """Whether any device is being captured into a graph now (cheap: no lookup)."""
+    return bool(_active)
 
 
 def capturing(device: int) -> bool:

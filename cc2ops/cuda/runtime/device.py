@@ -56,6 +56,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from cc2ops.cuda.runtime.availability import driver
+from cc2ops.cuda.runtime.tape import _state as _tape_state
+from cc2ops.cuda.runtime.tape import note_alloc, refuse
 
 __all__ = [
     "is_gpuarray",
@@ -200,6 +202,8 @@ class PoolAllocator:
 
     def __call__(self, nbytes: int) -> Any:
         alloc = self._pool.allocate(nbytes)
+        if _tape_state.rec is not None:
+            note_alloc(alloc, nbytes)  # a temporary of the node being recorded
         if _capture_holds:
             held = _capture_holds.get(self.physical_index)
             if held is not None:
@@ -446,10 +450,12 @@ class Device:
             raise ValueError(
                 f"Device.alloc: nbytes must be an int >= 0, got {nbytes!r}"
             )
-        return self._physical.pool.allocate(nbytes)
+        # through the allocator: a graph capture holds it, a tape records it
+        return self._physical.allocator(nbytes)
 
     def synchronize(self) -> None:
         """Wait until all work queued on this device's stream has finished."""
+        refuse("a synchronisation")
         self.activate()
         self._physical.stream.synchronize()
 

@@ -217,7 +217,7 @@ class ThunkProfile:
             )  # fmt: skip
             return out
 
-        for attr in ("inputs", "outputs", "lazy", "perform"):
+        for attr in ("inputs", "outputs", "lazy", "perform", "tapes"):
             if hasattr(thunk, attr):
                 setattr(run, attr, getattr(thunk, attr))
         return run

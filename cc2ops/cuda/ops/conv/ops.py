@@ -1086,6 +1086,8 @@ class _GpuConv(ConvSkeleton, GpuGradients, GpuOp):
     """The GPU convolution ops' base: the host parameters plus ``precision``,
     the GPU gradient hooks and the GPU op machinery."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("stride", "padding", "groups", "precision")
 
     def __init__(

@@ -560,6 +560,8 @@ def _host_infer_shape(op: Any, node: Apply, input_shapes: list[Any]) -> list[Any
 class _HostDelegate(GpuOp):
     """A GPU op that shares type inference and gradients with a host op."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     def host_op(self) -> Any:
         raise NotImplementedError(
             f"{type(self).__name__} must define host_op() (the host op it mirrors)"
@@ -985,6 +987,8 @@ class GpuJoin(GpuOp):
     through the host rule).
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("axis",)
 
     def __init__(self, axis: int) -> None:
@@ -1081,6 +1085,8 @@ class GpuSplit(GpuOp):
     the axis extent.
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("len_splits", "axis")
 
     def __init__(self, len_splits: int, axis: int) -> None:
@@ -1167,6 +1173,8 @@ class GpuCheckAndRaise(GpuOp):
     The conditions are host boolean scalars; when one is false,
     ``exc_type(msg)`` is raised.
     """
+
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     __props__ = ("msg", "exc_type")
     view_map = {0: [0]}

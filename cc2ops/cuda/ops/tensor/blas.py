@@ -110,6 +110,8 @@ def gpu_transpose(x: Variable) -> Variable:
 class _GpuMatMul(GpuOp):
     """``x @ y`` of two GPU matrices (x (m, k), y (k, n) -> (m, n))."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ()
     _name = "GpuDot22"
 
@@ -167,6 +169,8 @@ class GpuDot22Scalar(GpuOp):
     x (m, k), y (k, n) GPU matrices of one float dtype.
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ()
 
     def make_node(self, x: Any, y: Any, a: Any) -> Apply:
@@ -195,6 +199,8 @@ class GpuBatchedDot(GpuOp):
     -----
     x (batch, m, k), y (batch, k, n), one float dtype.
     """
+
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     __props__ = ()
 
@@ -265,6 +271,8 @@ class GpuGemm(GpuOp):
     in place.
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("inplace",)
 
     def __init__(self, inplace: bool = False) -> None:
@@ -315,6 +323,8 @@ class GpuGemv(GpuOp):
     y (m,), A (m, n), x (n,): one float dtype; ``a``, ``b`` host scalars.
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("inplace",)
 
     def __init__(self, inplace: bool = False) -> None:
@@ -364,6 +374,8 @@ class GpuGer(GpuOp):
     -----
     A (m, n), x (m,), y (n,): one float dtype; ``alpha`` a host scalar.
     """
+
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     __props__ = ("destructive",)
 

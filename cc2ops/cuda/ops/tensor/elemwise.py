@@ -427,6 +427,8 @@ class GpuElemwise(GpuOp):
     launch-parameter limit (:data:`MAX_PARAM_BYTES`).
     """
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     __props__ = ("scalar_op", "inplace_pattern")
 
     def __init__(self, scalar_op: Any, inplace_pattern: dict[int, int] | None = None):

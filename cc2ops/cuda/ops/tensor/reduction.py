@@ -492,6 +492,8 @@ def _kept_shape(shape: tuple[Any, ...], axes: tuple[int, ...]) -> tuple[Any, ...
 class _GpuReduceBase(GpuOp):
     """Shared graph logic of the GPU reductions (host op kept for the pullback)."""
 
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
+
     host_op: Any
     op_name = "GpuReduce"
 

@@ -125,6 +125,7 @@ def _float_gpu(op: str, role: str, x: Any) -> Variable:
 
 
 class _GpuRowOp(GpuOp):
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
     __props__ = ("axis",)
     _kernel_op = "softmax"
 
@@ -192,6 +193,8 @@ class GpuSoftmaxGrad(GpuOp):
     -----
     dy and y have one shape and float dtype.
     """
+
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     __props__ = ("axis",)
 

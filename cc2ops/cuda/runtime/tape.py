@@ -1,0 +1,668 @@
+"""Launch tapes: a node's device work recorded once, replayed with new pointers.
+
+An eager GPU step spends most of its time on the host: each node's ``perform``
+checks its inputs, works out a launch plan, allocates its outputs and packs
+kernel arguments, 60-500 us per node in Python, for kernels that often run
+for less. Yet for inputs of one geometry a node queues the same work every
+call; only the device addresses change. A *tape* is that work written down:
+
+- the kernel launches (function, grid, block, shared memory, stream and the
+  packed arguments), device-to-device copies and memsets, and cuBLAS calls,
+  in order;
+- the temporaries allocated from the device pool while ``perform`` ran;
+- each output, as an input passed through, a view of an input, or a view of
+  a temporary;
+
+with every device pointer written as *(slot, byte offset)*, a slot being one
+of the node's GPU inputs or one of the temporaries. Replaying a tape
+allocates the temporaries again, adds the new base addresses to the offsets
+and queues the same work, with no Python checks; the outputs are GPUArrays
+built from a template of the recorded ones.
+
+What makes replaying sound
+--------------------------
+A tape is only ever replayed for a call whose *key* equals the key of the
+calls it was recorded from (:meth:`NodeTapes.key`): every GPU input's shape,
+strides and address alignment (mod 256), which inputs share an address, the
+values of the node's small host inputs (shapes, indices, scalars) and the
+TF32 switch (:func:`cc2ops.cuda.runtime.precision.get_allow_tf32`, read when
+a product runs). Beyond the key, ``perform`` must depend on nothing that
+changes between calls; a tape is made only from **two consecutive calls that
+recorded the same work**, so per-call state (a random seed passed to a
+kernel, an autotuner still timing candidates, a lazily created handle)
+shows as a difference and keeps the node on ``perform``.
+
+Recording is passive: ``perform`` runs as usual, and the runtime's entry
+points report to the active :class:`Recorder` (this thread's): the
+launcher (:func:`cc2ops.cuda.runtime.compile.launch`), the pool allocator
+(:class:`cc2ops.cuda.runtime.device.PoolAllocator`), the copies and memsets
+of :mod:`cc2ops.cuda.runtime.array`, and cuBLAS's compute calls
+(:mod:`cc2ops.cuda.libs.cublas`). Everything else that touches the device
+from ``perform`` *refuses* the recording (:func:`refuse`): uploads,
+read-backs, synchronisation, collectives, the autotuner's timing runs. A
+recording is refused as well when
+
+- a kernel pointer argument points outside every slot (a buffer kept from an
+  earlier call, which a replay could not know is still valid);
+- a pointer falls inside two inputs that do not start at the same address;
+- an output is not a GPUArray (a host result) or lies outside every slot;
+- the node's device is being captured into a CUDA graph.
+
+Only GPU ops that declare ``tape_replay = True`` are taped
+(:class:`cc2ops.cuda.op.GpuOp`): their ``perform`` does all its device work
+through the entry points above and keeps no per-call host state.
+
+Nothing here touches CUDA at import, and nothing imports PyTensor.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Recorder",
+    "Tape",
+    "NodeTapes",
+    "recorder",
+    "refuse",
+    "set_enabled",
+    "enabled",
+    "note_alloc",
+    "note_launch",
+    "note_driver",
+    "note_library",
+    "note_host_scalar",
+    "MAX_TAPES_PER_NODE",
+    "MAX_RECORDINGS",
+    "HOST_KEY_MAX_ELEMENTS",
+]
+
+#: Input geometries a node keeps tapes for (least recently used dropped first).
+MAX_TAPES_PER_NODE = 8
+#: Recordings of one key after which a node stops trying and stays on perform.
+MAX_RECORDINGS = 4
+#: A host input with more elements than this keeps the node on ``perform``
+#: (its value is part of the key, and hashing a large array costs more than
+#: the tape saves).
+HOST_KEY_MAX_ELEMENTS = 64
+#: Device addresses are above this; smaller integer arguments are never
+#: taken for pointers.
+_MIN_ADDRESS = 1 << 32
+_ALIGN_MASK = 255
+
+
+class _State(threading.local):
+    rec: Recorder | None = None
+
+
+_state = _State()
+_enabled = True
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn tape replay on (the default) or off for every node; off, each call
+    runs ``perform`` (to compare, or to rule tapes out when debugging)."""
+    global _enabled
+    if not isinstance(flag, bool):
+        raise TypeError(f"tape.set_enabled: flag must be a bool, got {flag!r}")
+    _enabled = flag
+
+
+def enabled() -> bool:
+    """Whether tape replay is on."""
+    return _enabled
+
+
+def recorder() -> Recorder | None:
+    """The recorder active on this thread, if any."""
+    return _state.rec
+
+
+def refuse(reason: str) -> None:
+    """Mark the active recording (if any) as not replayable, for ``reason``.
+
+    Called by every runtime entry point that does device work a tape cannot
+    hold: an upload, a read-back, a synchronisation, a collective.
+    """
+    rec = _state.rec
+    if rec is not None and rec.refused is None:
+        rec.refused = reason
+
+
+def note_alloc(alloc: Any, nbytes: int) -> None:
+    """A pool allocation of ``nbytes`` made while recording (a temporary slot)."""
+    rec = _state.rec
+    if rec is not None:
+        rec.alloc(alloc, nbytes)
+
+
+def note_launch(
+    fn: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared: int,
+    stream: Any,
+    values: Sequence[Any],
+    pointers: Sequence[int],
+    fmt: str,
+) -> None:
+    """A kernel launch as the launcher packed it: ``values[i]`` for ``i`` in
+    ``pointers`` are device addresses (arrays and allocations), the others
+    numpy scalars."""
+    rec = _state.rec
+    if rec is not None:
+        rec.launch(fn, grid, block, shared, stream, values, pointers, fmt)
+
+
+def note_driver(name: str, args: Sequence[Any], pointers: Sequence[int]) -> None:
+    """A call ``driver().<name>(*args)`` (a copy or memset) whose arguments at
+    positions ``pointers`` are device addresses."""
+    rec = _state.rec
+    if rec is not None:
+        rec.driver_call(name, args, pointers)
+
+
+def note_library(call: Callable[..., Any], name: str, args: Sequence[Any]) -> None:
+    """A library call ``call(name, *args)`` (cuBLAS): integer arguments that
+    fall in a slot are device pointers, those that are the address of a
+    :func:`note_host_scalar` array are host scalars, the rest constants."""
+    rec = _state.rec
+    if rec is not None:
+        rec.library_call(call, name, args)
+
+
+def note_host_scalar(array: np.ndarray) -> None:
+    """A host array whose address a following library call takes (cuBLAS's
+    ``alpha``/``beta``); the tape keeps a copy of it."""
+    rec = _state.rec
+    if rec is not None:
+        rec.host_scalar(array)
+
+
+def _span(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple:
+    """(lowest, highest + itemsize) byte offsets an array's elements cover."""
+    lo = hi = 0
+    for n, s in zip(shape, strides, strict=True):
+        if n > 1:
+            if s < 0:
+                lo += (n - 1) * s
+            else:
+                hi += (n - 1) * s
+    return lo, hi + itemsize
+
+
+def _scalar_sig(value: Any) -> tuple:
+    return (type(value), np.asarray(value).tobytes())
+
+
+class Recorder:
+    """The device work of one ``perform``, with pointers as (slot, offset).
+
+    Parameters
+    ----------
+    inputs : sequence
+        The node's input values; ``gpu[i]`` says whether input ``i`` is a GPU
+        array (its slot is ``i``; host inputs have no slot).
+    gpu : sequence of bool
+    """
+
+    def __init__(self, inputs: Sequence[Any], gpu: Sequence[bool]) -> None:
+        self.inputs = list(inputs)
+        self.n_in = len(self.inputs)
+        # (lo, hi, base) byte ranges per GPU input
+        self._in_ranges: list[tuple[int, int, int, int]] = []
+        self.bases: list[int] = [0] * self.n_in
+        for i, (v, is_gpu) in enumerate(zip(self.inputs, gpu, strict=True)):
+            if not is_gpu:
+                continue
+            base = int(v.gpudata)
+            lo, hi = _span(v.shape, v.strides, np.dtype(v.dtype).itemsize)
+            self._in_ranges.append((base + lo, base + hi, base, i))
+            self.bases[i] = base
+        #: (address, nbytes) of each temporary, in allocation order
+        self.temps: list[tuple[int, int]] = []
+        self.actions: list[tuple] = []
+        self._host: dict[int, np.ndarray] = {}
+        self.host_copies: list[np.ndarray] = []
+        self.refused: str | None = None
+
+    # -- where a pointer lives ---------------------------------------------
+
+    def locate(self, p: int) -> tuple[int, int] | None:
+        """(slot, offset) of address ``p``: the latest temporary holding it, else
+        the input(s) holding it; ``None`` when it is in no slot. Slots count
+        the inputs first, then the temporaries."""
+        for j in range(len(self.temps) - 1, -1, -1):
+            base, n = self.temps[j]
+            if base <= p < base + n:
+                return self.n_in + j, p - base
+        hits = [r for r in self._in_ranges if r[0] <= p < r[1]]
+        if not hits:
+            # a pointer one past an input's end (an empty tail view)
+            hits = [r for r in self._in_ranges if p == r[1]]
+            if not hits:
+                return None
+        base = hits[0][2]
+        if any(r[2] != base for r in hits[1:]):
+            self.refuse(
+                f"address {p:#x} lies in inputs {[r[3] for r in hits]}, which start "
+                "at different addresses"
+            )
+            return None
+        return hits[0][3], p - base
+
+    def refuse(self, reason: str) -> None:
+        if self.refused is None:
+            self.refused = reason
+
+    # -- what perform reports -----------------------------------------------
+
+    def alloc(self, alloc: Any, nbytes: int) -> None:
+        if nbytes > 0:
+            self.temps.append((int(alloc), int(nbytes)))
+
+    def launch(self, fn, grid, block, shared, stream, values, addresses, fmt) -> None:
+        if getattr(fn, "texrefs", None):
+            self.refuse("a kernel with texture references")
+            return
+        consts: list[Any] = list(values)
+        pointers: list[tuple[int, int, int]] = []
+        addresses = set(addresses)
+        for i, v in enumerate(values):
+            t = type(v)
+            if i in addresses:
+                loc = self.locate(int(v))
+                if loc is None:
+                    self.refuse(
+                        f"argument {i} of {getattr(fn, '_cc2ops_name', 'a kernel')} "
+                        f"points at {int(v):#x}, outside the node's inputs and "
+                        "temporaries"
+                    )
+                    return
+                pointers.append((i, *loc))
+                consts[i] = None
+            elif t in (np.uint64, np.int64) and int(v) >= _MIN_ADDRESS:
+                # an address passed as a 64-bit integer: a pointer if it is in a slot
+                loc = self.locate(int(v))
+                if loc is not None:
+                    pointers.append((i, *loc))
+                    consts[i] = None
+        sig = tuple(None if c is None else _scalar_sig(c) for c in consts)
+        self.actions.append(
+            ("launch", (fn, grid, block, shared, stream, fmt, sig, tuple(pointers)),
+             consts)
+        )  # fmt: skip
+
+    def driver_call(self, name: str, args: Sequence[Any], pointers: Sequence[int]):
+        consts: list[Any] = list(args)
+        where: list[tuple[int, int, int]] = []
+        for i in pointers:
+            loc = self.locate(int(args[i]))
+            if loc is None:
+                self.refuse(
+                    f"{name}: argument {i} ({int(args[i]):#x}) is outside the node's "
+                    "inputs and temporaries"
+                )
+                return
+            where.append((i, *loc))
+            consts[i] = None
+        sig = tuple(
+            None if c is None else (c if not isinstance(c, int) else ("i", c))
+            for c in consts
+        )
+        self.actions.append(("driver", (name, sig, tuple(where)), consts))
+
+    def host_scalar(self, array: np.ndarray) -> None:
+        self._host[int(array.ctypes.data)] = array
+
+    def library_call(self, call: Callable[..., Any], name: str, args: Sequence[Any]):
+        consts: list[Any] = list(args)
+        where: list[tuple[int, int, int]] = []
+        host: list[tuple[int, int]] = []
+        sig: list[Any] = []
+        for i, a in enumerate(args):
+            if isinstance(a, (int, np.integer)) and not isinstance(a, bool):
+                a = int(a)
+                kept = self._host.get(a)
+                if kept is not None:
+                    host.append((i, len(self.host_copies)))
+                    self.host_copies.append(np.array(kept, copy=True))
+                    sig.append(("h", kept.dtype.str, kept.tobytes()))
+                    consts[i] = None
+                    continue
+                if a >= _MIN_ADDRESS:
+                    loc = self.locate(a)
+                    if loc is not None:
+                        where.append((i, *loc))
+                        sig.append(("p", *loc))
+                        consts[i] = None
+                        continue
+                sig.append(("i", a))
+            else:
+                sig.append(("o", type(a), a))
+        self.actions.append(
+            ("library", (call, name, tuple(sig), tuple(where), tuple(host)), consts)
+        )
+
+    # -- the result -----------------------------------------------------------
+
+    def finish(
+        self, outputs: Sequence[Any], fields: frozenset[str]
+    ) -> Recording | None:
+        """The :class:`Recording`, or ``None`` (with ``refused`` set) when the
+        call cannot be replayed. ``fields`` are the attributes a fresh
+        GPUArray has (:func:`gpuarray_fields`)."""
+        if self.refused is not None:
+            return None
+        outs: list[tuple] = []
+        for k, o in enumerate(outputs):
+            same = next((i for i, v in enumerate(self.inputs) if v is o), None)
+            if same is not None:
+                outs.append(("same", same))
+                continue
+            if not (hasattr(o, "gpudata") and hasattr(o, "strides")):
+                self.refuse(f"output {k} is a {type(o).__name__}, not a GPU array")
+                return None
+            template = {f: v for f, v in vars(o).items() if f in fields}
+            template.pop("gpudata", None)
+            template.pop("base", None)
+            data = o.gpudata
+            if data is None:
+                outs.append(("none", type(o), template))
+                continue
+            p = int(data)
+            loc = self.locate(p)
+            if loc is None:
+                self.refuse(
+                    f"output {k} ({p:#x}) is outside the node's inputs and temporaries"
+                )
+                return None
+            slot, off = loc
+            owns = slot >= self.n_in and off == 0 and not isinstance(data, int)
+            outs.append(("own" if owns else "view", type(o), template, slot, off))
+        return Recording(self, outs)
+
+
+class Recording:
+    """What one recorded call did; two equal recordings make a :class:`Tape`."""
+
+    def __init__(self, rec: Recorder, outputs: list[tuple]) -> None:
+        self.n_in = rec.n_in
+        self.temp_sizes = tuple(n for _, n in rec.temps)
+        self.actions = rec.actions
+        self.host_copies = rec.host_copies
+        self.outputs = outputs
+        self.signature = (
+            self.temp_sizes,
+            tuple((a[0], a[1]) for a in self.actions),
+            tuple(
+                (o[0], o[1]) if o[0] == "same" else (o[0], o[1], o[2], *o[3:])
+                for o in outputs
+            ),
+        )
+
+    def same_work(self, other: Recording) -> bool:
+        try:
+            return bool(self.signature == other.signature)
+        except Exception:  # a constant whose == is not a bool (arrays)
+            return False
+
+
+def _pointers(kind: str, spec: tuple) -> tuple:
+    """The (argument, slot, offset) pointer entries of a recorded action."""
+    return spec[3] if kind == "library" else spec[-1]
+
+
+def gpuarray_fields(sample: Any) -> frozenset[str]:
+    """The attributes ``sample`` (a freshly constructed GPUArray) has: what a
+    template copies into a replayed output."""
+    return frozenset(vars(sample))
+
+
+class Tape:
+    """A replayable recording (see the module docstring).
+
+    Parameters
+    ----------
+    recording : Recording
+    allocator : callable
+        ``allocator(nbytes)`` -> an allocation (the device's pool allocator).
+    driver : callable
+        ``driver()`` -> the pycuda driver module (copies, memsets).
+    pack : callable
+        ``pack(fmt, *values)`` -> the kernel argument buffer (pycuda's
+        ``_pvt_struct.pack``, what ``prepared_async_call`` uses).
+    """
+
+    def __init__(
+        self,
+        recording: Recording,
+        allocator: Callable[[int], Any],
+        driver: Callable[[], Any],
+        pack: Callable[..., bytes],
+    ) -> None:
+        n_in = recording.n_in
+        used = {s for a in recording.actions for (_, s, _) in _pointers(a[0], a[1])}
+        used |= {o[3] for o in recording.outputs if o[0] in ("own", "view")}
+        # temporaries nothing refers to (a lazily created handle's workspace,
+        # say) are not allocated again
+        keep = [j for j in range(len(recording.temp_sizes)) if n_in + j in used]
+        renumber = {n_in + j: n_in + k for k, j in enumerate(keep)}
+        renumber.update({i: i for i in range(n_in)})
+        self.n_in = n_in
+        self.temp_sizes = tuple(recording.temp_sizes[j] for j in keep)
+        self.gpu_inputs = tuple(sorted(s for s in used if s < n_in))
+        self.allocator = allocator
+        self.host_copies = recording.host_copies
+        self.steps = [
+            self._step(kind, spec, consts, renumber, driver, pack)
+            for kind, spec, consts in recording.actions
+        ]
+        self.outputs = [self._output(o, renumber) for o in recording.outputs]
+        self.plays = 0
+
+    def _step(self, kind, spec, consts, renumber, driver, pack) -> Callable:
+        if kind == "launch":
+            fn, grid, block, shared, stream, fmt, _, pointers = spec
+            where = tuple((i, renumber[s], off) for i, s, off in pointers)
+            template = list(consts)
+            set_block = getattr(fn, "_set_block_shape", None)
+            launch = fn._launch_kernel
+
+            def run(bases: list[int]) -> None:
+                vals = template.copy()
+                for i, s, off in where:
+                    vals[i] = bases[s] + off
+                if set_block is not None:
+                    set_block(*block)
+                launch(grid, block, pack(fmt, *vals), shared, stream)
+
+            return run
+        if kind == "driver":
+            name, _, pointers = spec
+            where = tuple((i, renumber[s], off) for i, s, off in pointers)
+            template = list(consts)
+
+            def run(bases: list[int]) -> None:
+                vals = template.copy()
+                for i, s, off in where:
+                    vals[i] = bases[s] + off
+                getattr(driver(), name)(*vals)
+
+            return run
+        call, name, _, pointers, host = spec
+        where = tuple((i, renumber[s], off) for i, s, off in pointers)
+        template = list(consts)
+        for i, h in host:
+            template[i] = int(self.host_copies[h].ctypes.data)
+
+        def run(bases: list[int]) -> None:
+            vals = template.copy()
+            for i, s, off in where:
+                vals[i] = bases[s] + off
+            call(name, *vals)
+
+        return run
+
+    @staticmethod
+    def _output(o: tuple, renumber: dict[int, int]) -> tuple:
+        if o[0] == "same":
+            return o
+        if o[0] == "none":
+            return o
+        kind, cls, template, slot, off = o
+        return kind, cls, template, renumber[slot], off
+
+    def play(self, values: Sequence[Any], out_cells: Sequence[list]) -> None:
+        """Queue the recorded work for inputs ``values``; store the outputs in
+        ``out_cells`` (PyTensor's output storage)."""
+        n_in = self.n_in
+        bases = [0] * (n_in + len(self.temp_sizes))
+        for i in self.gpu_inputs:
+            bases[i] = int(values[i].gpudata)
+        allocs = [self.allocator(n) for n in self.temp_sizes]
+        for j, a in enumerate(allocs):
+            bases[n_in + j] = int(a)
+        for step in self.steps:
+            step(bases)
+        for cell, o in zip(out_cells, self.outputs, strict=True):
+            kind = o[0]
+            if kind == "same":
+                cell[0] = values[o[1]]
+                continue
+            cls, template = o[1], o[2]
+            arr = cls.__new__(cls)
+            d = arr.__dict__
+            d.update(template)
+            if kind == "none":
+                d["gpudata"] = None
+                d["base"] = None
+            elif kind == "own":
+                d["gpudata"] = allocs[o[3] - n_in]
+                d["base"] = None
+            else:
+                slot, off = o[3], o[4]
+                d["gpudata"] = bases[slot] + off
+                d["base"] = values[slot] if slot < n_in else allocs[slot - n_in]
+            cell[0] = arr
+        self.plays += 1
+
+
+class NodeTapes:
+    """The tapes of one node, keyed by its inputs' geometry (see the module
+    docstring), and the policy that makes them.
+
+    Parameters
+    ----------
+    gpu : sequence of bool
+        Per input, whether it is GPU-typed.
+    allocator, driver, pack : callable
+        As for :class:`Tape`.
+    fields : frozenset of str
+        What a fresh GPUArray's ``__dict__`` holds (:func:`gpuarray_fields`).
+    tf32 : callable
+        Returns the TF32 switch (part of every key).
+    """
+
+    def __init__(
+        self,
+        gpu: Sequence[bool],
+        allocator: Callable[[int], Any],
+        driver: Callable[[], Any],
+        pack: Callable[..., bytes],
+        fields: frozenset[str],
+        tf32: Callable[[], bool],
+    ) -> None:
+        self.gpu = tuple(bool(g) for g in gpu)
+        self.gpu_idx = tuple(i for i, g in enumerate(self.gpu) if g)
+        self.host_idx = tuple(i for i, g in enumerate(self.gpu) if not g)
+        self.allocator = allocator
+        self.driver = driver
+        self.pack = pack
+        self.fields = fields
+        self.tf32 = tf32
+        self.tapes: OrderedDict[tuple, Tape] = OrderedDict()
+        self._last: dict[tuple, Recording] = {}
+        self._tries: dict[tuple, int] = {}
+        #: why the latest recording was not replayable (for diagnostics)
+        self.last_refusal: str | None = None
+
+    def key(self, values: Sequence[Any]) -> tuple | None:
+        """The replay key of input ``values``, or ``None`` when no tape applies
+        (tapes switched off, an empty or missing GPU input, a large or
+        unhashable host input)."""
+        if not _enabled:
+            return None
+        parts: list[Any] = [self.tf32()]
+        ptrs = []
+        for i in self.gpu_idx:
+            v = values[i]
+            data = getattr(v, "gpudata", None)
+            if data is None:
+                return None
+            p = int(data)
+            ptrs.append(p)
+            parts.append((v.shape, v.strides, p & _ALIGN_MASK))
+        for i in self.host_idx:
+            v = values[i]
+            if v is None or type(v) in (int, float, bool):
+                parts.append((type(v), v))
+            elif isinstance(v, (np.ndarray, np.generic)):
+                if v.size > HOST_KEY_MAX_ELEMENTS or v.dtype.kind not in "biuf":
+                    return None
+                parts.append((v.dtype.str, v.shape, v.tobytes()))
+            else:
+                return None
+        if len(set(ptrs)) != len(ptrs):
+            parts.append(tuple(ptrs.index(p) for p in ptrs))
+        return tuple(parts)
+
+    def get(self, key: tuple) -> Tape | None:
+        tape = self.tapes.get(key)
+        if tape is not None:
+            self.tapes.move_to_end(key)
+        return tape
+
+    def wants_recording(self, key: tuple) -> bool:
+        """Whether a call with ``key`` should be recorded (not yet given up)."""
+        return self._tries.get(key, 0) < MAX_RECORDINGS
+
+    def start(self, values: Sequence[Any]) -> Recorder:
+        """Begin recording on this thread (pair with :meth:`stop`)."""
+        if _state.rec is not None:
+            raise RuntimeError("cc2ops.cuda.tape: a recording is already active")
+        rec = Recorder(values, self.gpu)
+        _state.rec = rec
+        return rec
+
+    def stop(self, rec: Recorder, key: tuple, outputs: Sequence[Any] | None) -> None:
+        """End recording; ``outputs`` is ``None`` when ``perform`` raised. Two
+        consecutive equal recordings of ``key`` become its tape."""
+        _state.rec = None
+        if outputs is None:
+            return
+        self._tries[key] = self._tries.get(key, 0) + 1
+        recording = rec.finish(outputs, self.fields)
+        if recording is None:
+            self.last_refusal = rec.refused
+            self._last.pop(key, None)
+            return
+        previous = self._last.get(key)
+        if previous is not None and previous.same_work(recording):
+            self._last.pop(key, None)
+            self.tapes[key] = Tape(recording, self.allocator, self.driver, self.pack)
+            if len(self.tapes) > MAX_TAPES_PER_NODE:
+                self.tapes.popitem(last=False)
+            self._tries.pop(key, None)
+            return
+        self.last_refusal = "two consecutive calls queued different work"
+        self._last[key] = recording
+        if len(self._tries) > 4 * MAX_TAPES_PER_NODE * MAX_RECORDINGS:
+            # many one-off geometries: forget the attempts (and retry later)
+            self._tries.clear()
+            self._last.clear()
