@@ -82,8 +82,7 @@ from cc2ops.cuda.runtime.device import (
     register_shutdown_hook,
 )
 from cc2ops.cuda.runtime.signature import check_arguments, kernel_signatures
-from cc2ops.cuda.runtime.tape import _state as _tape_state
-from cc2ops.cuda.runtime.tape import note_launch
+from cc2ops.cuda.runtime.tape import note_launch, recorder
 
 __all__ = [
     "KERNEL_DIR",
@@ -834,7 +833,7 @@ def launch(
         fn.set_attribute(attr, shared_mem)
         fn._cc2ops_dyn_smem = shared_mem
     fn.prepared_async_call(grid3, block3, dev.stream, *values, shared_size=shared_mem)
-    if _tape_state.rec is not None:
+    if recorder() is not None:
         # the arguments _pack turned into addresses: arrays and allocations
         pointers = [i for i, a in enumerate(args) if not isinstance(a, _SCALAR_TYPES)]
         note_launch(fn, grid3, block3, shared_mem, dev.stream, values, pointers, fmt)

@@ -56,8 +56,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from cc2ops.cuda.runtime.availability import driver
-from cc2ops.cuda.runtime.tape import _state as _tape_state
-from cc2ops.cuda.runtime.tape import note_alloc, refuse
+from cc2ops.cuda.runtime.tape import note_alloc, recorder, refuse
 
 __all__ = [
     "is_gpuarray",
@@ -202,7 +201,7 @@ class PoolAllocator:
 
     def __call__(self, nbytes: int) -> Any:
         alloc = self._pool.allocate(nbytes)
-        if _tape_state.rec is not None:
+        if recorder() is not None:
             note_alloc(alloc, nbytes)  # a temporary of the node being recorded
         if _capture_holds:
             held = _capture_holds.get(self.physical_index)

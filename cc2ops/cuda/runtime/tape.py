@@ -656,11 +656,13 @@ class NodeTapes:
         if previous is not None and previous.same_work(recording):
             self._last.pop(key, None)
             self.tapes[key] = Tape(recording, self.allocator, self.driver, self.pack)
+            self.last_refusal = None
             if len(self.tapes) > MAX_TAPES_PER_NODE:
                 self.tapes.popitem(last=False)
             self._tries.pop(key, None)
             return
-        self.last_refusal = "two consecutive calls queued different work"
+        if previous is not None:
+            self.last_refusal = "two consecutive calls queued different work"
         self._last[key] = recording
         if len(self._tries) > 4 * MAX_TAPES_PER_NODE * MAX_RECORDINGS:
             # many one-off geometries: forget the attempts (and retry later)

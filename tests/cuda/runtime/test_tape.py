@@ -413,22 +413,26 @@ def _step_builder(classes=10):
     r = np.random.default_rng(0)
     w1_0 = (0.2 * r.standard_normal((8, 3, 3, 3))).astype(np.float32)
     w2_0 = (0.1 * r.standard_normal((8 * 4 * 4, classes))).astype(np.float32)
+    w3_0 = (0.2 * r.standard_normal((8, 8, 3, 3))).astype(np.float32)
 
     def build():
         x = pt.tensor4("x", dtype="float32")  # (B, 3, 8, 8)
         y = pt.ivector("y")
         w1 = cuda.shared(w1_0.copy(), name="w1")
         w2 = cuda.shared(w2_0.copy(), name="w2")
+        w3 = cuda.shared(w3_0.copy(), name="w3")
         h = pt.maximum(cc2ops.conv2d(x, w1, padding=1), 0)
+        h = pt.maximum(cc2ops.conv2d(h, w3, padding=1), 0)  # needs ImageActs
         h = cc2ops.cross_map_norm(h, size=3)
         h = cc2ops.max_pool2d(h, 2)
         logits = h.flatten(2) @ w2
         loss = cc2ops.softmax_cross_entropy(logits, y).mean()
-        g1, g2 = pytensor.grad(loss, [w1, w2])
+        g1, g2, g3 = pytensor.grad(loss, [w1, w2, w3])
         lr = np.float32(0.05)
         return pytensor.function(
             [x, y], [loss, h.sum()],
-            updates=[(w1, w1 - lr * g1), (w2, w2 - lr * g2)], mode=cuda.mode(),
+            updates=[(w1, w1 - lr * g1), (w2, w2 - lr * g2), (w3, w3 - lr * g3)],
+            mode=cuda.mode(),
         )  # fmt: skip
 
     return build
@@ -473,7 +477,8 @@ def test_gpu_tf32_switch_is_part_of_the_key(tf32):
 
     def build():
         x, w = pt.matrix("x", dtype="float32"), pt.matrix("w", dtype="float32")
-        return pytensor.function([x, w], [x @ w], mode=cuda.mode())
+        prod = cuda.gpu_from_host(x) @ cuda.gpu_from_host(w)
+        return pytensor.function([x, w], [prod], mode=cuda.mode())
 
     fn = build()
     with cuda.allow_tf32(not tf32):
@@ -489,7 +494,8 @@ def test_gpu_tf32_switch_is_part_of_the_key(tf32):
         for _ in range(3):
             got = np.asarray(fn(a, b)[0])
             np.testing.assert_array_equal(got, want)
-    assert any(e["plays"] for e in cuda.launch_tapes(fn))
+    report = cuda.launch_tapes(fn)
+    assert any(e["op"].startswith("GpuDot22") and e["plays"] for e in report), report
 
 
 @gpu
@@ -501,7 +507,8 @@ def test_gpu_new_shapes_views_and_in_place_work_follow_numpy():
 
     x = pt.matrix("x", dtype="float32")
     y = pt.matrix("y", dtype="float32")
-    h = x * 2 + y  # GpuElemwise, fused and in place on the intermediate
+    # GPU inputs (host ones would keep this graph on the host)
+    h = cuda.gpu_from_host(x) * 2 + cuda.gpu_from_host(y)
     outs = [h.T[1:], (h**2).sum(axis=0), h.reshape((-1,))[::3], pt.exp(h).max()]
     fn = pytensor.function([x, y], outs, mode=cuda.mode())
     r = np.random.default_rng(3)
