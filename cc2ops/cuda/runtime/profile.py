@@ -158,6 +158,14 @@ class ThunkProfile:
 
     Notes
     -----
+    :meth:`run` profiles each step twice. The device pass holds the stream
+    before every node and waits after it: each node's device time, and
+    whether it synchronises. The host pass holds the stream once for the
+    whole step and times each node's queueing back to back, as an eager
+    call queues it: that is each record's ``host_ms`` (the device pass's is
+    kept as ``host_ms_isolated``; a synchronising node keeps it as
+    ``host_ms`` too, since its host time is the hold's).
+
     Wrapping is permanent for ``fn``: build a separate function for
     profiling. Each GPU node costs about ``hold_ms`` of wall time per call.
     """
@@ -174,6 +182,12 @@ class ThunkProfile:
         self.hold_ms = float(hold_ms)
         self.records: list[dict[str, Any]] = []
         self._recording = False
+        self._phase = "device"
+        self._host: list[float] = []
+        self._devices = sorted(
+            {get_device(node.op.thunk_device(node)).label for node in vm.nodes
+             if getattr(node.op, "thunk_device", None) is not None},
+        )  # fmt: skip
         wrapped = []
         for k, (thunk, node) in enumerate(zip(vm.thunks, vm.nodes, strict=True)):
             dev = None
@@ -192,6 +206,13 @@ class ThunkProfile:
         def run() -> Any:
             if not self._recording:
                 return thunk()
+            if self._phase == "host":
+                # the stream is held for the whole step: queueing never waits,
+                # and nothing synchronises between nodes (warm host caches)
+                t0 = time.perf_counter()
+                out = thunk()
+                self._host.append((time.perf_counter() - t0) * 1e3)
+                return out
             if dev is None:
                 t0 = time.perf_counter()
                 out = thunk()
@@ -237,8 +258,30 @@ class ThunkProfile:
         try:
             for _ in range(steps):
                 self.fn(*args)
+            # host time: each node's, with the stream held for the whole step
+            # (a per-node synchronisation would leave the host's caches cold
+            # and its clock low, inflating what queueing a node costs)
+            self._phase = "host"
+            hosts: list[list[float]] = []
+            step_ms = max(1.0, sum(r["host_ms"] for r in self.records) / max(1, steps))
+            for _ in range(steps):
+                for label in self._devices:
+                    get_device(label).synchronize()
+                    hold(label, min(MAX_HOLD_MS, 4.0 * step_ms + 20.0))
+                self._host = []
+                self.fn(*args)
+                hosts.append(self._host)
+                for label in self._devices:
+                    get_device(label).synchronize()
         finally:
             self._recording = False
+            self._phase = "device"
+        flat = [h for step in hosts for h in step]
+        if len(flat) == len(self.records):
+            for r, h in zip(self.records, flat, strict=True):
+                r["host_ms_isolated"] = r["host_ms"]
+                if not r["synchronizes"]:  # one that waits only measures the hold
+                    r["host_ms"] = h
         by_op: dict[str, dict[str, float]] = defaultdict(
             lambda: {"host_ms": 0.0, "device_ms": 0.0, "nodes": 0}
         )

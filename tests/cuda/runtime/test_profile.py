@@ -65,3 +65,8 @@ def test_thunk_profile_of_a_small_step():
     assert "GpuFilterActs" in names
     # the softmax label checks read a flag back: they are the synchronising nodes
     assert all("Softmax" in n or "TopK" in n for n in res["synchronizing_nodes"])
+    # host times come from the pass that holds the stream for the whole step
+    assert all("host_ms_isolated" in r for r in res["per_node"])
+    synced = [r for r in res["per_node"] if r["synchronizes"]]
+    assert all(r["host_ms"] == r["host_ms_isolated"] for r in synced)
+    assert all(0 < r["host_ms"] < 2.0 for r in gpu_rows if not r["synchronizes"])
