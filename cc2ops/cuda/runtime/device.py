@@ -191,6 +191,10 @@ class PoolAllocator:
     Calling it allocates from the device's memory pool. It carries
     ``physical_index``, and pycuda passes an array's allocator on to its views
     and copies, so the device an array lives on can be read from the array.
+
+    ``raw`` is the pool's own allocate: what a launch tape's replay
+    (:mod:`cc2ops.cuda.runtime.tape`) allocates with, since it never records
+    and never runs while a graph captures, the two things ``__call__`` adds.
     """
 
     __slots__ = ("physical_index", "_pool")
@@ -198,6 +202,10 @@ class PoolAllocator:
     def __init__(self, physical_index: int, pool: Any) -> None:
         self.physical_index = physical_index
         self._pool = pool
+
+    @property
+    def raw(self) -> Any:
+        return self._pool.allocate
 
     def __call__(self, nbytes: int) -> Any:
         alloc = self._pool.allocate(nbytes)

@@ -57,6 +57,7 @@ Nothing here touches CUDA at import, and nothing imports PyTensor.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -413,6 +414,68 @@ class Recording:
             return False
 
 
+_NO_KEY = object()
+
+
+def _host_part(v: Any) -> Any:
+    """A host input's part of a key, or ``_NO_KEY`` when it cannot be one."""
+    if v is None or type(v) in (int, float, bool):
+        return (type(v), v)
+    if isinstance(v, (np.ndarray, np.generic)):
+        if v.size > HOST_KEY_MAX_ELEMENTS or v.dtype.kind not in "biuf":
+            return _NO_KEY
+        return (v.dtype.str, v.shape, v.tobytes())
+    return _NO_KEY
+
+
+def _aliases(ptrs: tuple[int, ...]) -> tuple[int, ...]:
+    """Per GPU input, the first input with its address."""
+    return tuple(ptrs.index(p) for p in ptrs)
+
+
+def _key_function(
+    gpu_idx: Sequence[int], host_idx: Sequence[int], tf32: Callable[[], bool]
+) -> Callable[[Sequence[Any]], tuple | None]:
+    """A node's key function (:attr:`NodeTapes.key`), written out for its
+    inputs: no loop, and one flat tuple to hash."""
+    lines = ["def key(values):", "    if not _mod._enabled:", "        return None"]
+    for i in gpu_idx:
+        lines += [
+            f"    v{i} = values[{i}]",
+            f"    d{i} = getattr(v{i}, 'gpudata', None)",
+            f"    if d{i} is None:",
+            "        return None",
+            f"    p{i} = int(d{i})",
+        ]
+    for i in host_idx:
+        lines += [
+            f"    h{i} = _host_part(values[{i}])",
+            f"    if h{i} is _NO_KEY:",
+            "        return None",
+        ]
+    parts = ["_tf32()"]
+    for i in gpu_idx:
+        parts += [f"v{i}.shape", f"v{i}.strides", f"p{i} & {_ALIGN_MASK}"]
+    parts += [f"h{i}" for i in host_idx]
+    lines.append(f"    k = ({', '.join(parts)},)")
+    if len(gpu_idx) > 1:
+        ptrs = ", ".join(f"p{i}" for i in gpu_idx)
+        lines += [
+            f"    if len({{{ptrs}}}) != {len(gpu_idx)}:",
+            f"        k += (_aliases(({ptrs},)),)",
+        ]
+    lines.append("    return k")
+    namespace = {
+        "_mod": sys.modules[__name__],
+        "_tf32": tf32,
+        "_host_part": _host_part,
+        "_NO_KEY": _NO_KEY,
+        "_aliases": _aliases,
+    }
+    exec(compile("\n".join(lines) + "\n", "<cc2ops tape key>", "exec"), namespace)
+    return namespace["key"]
+
+
 def _pointers(kind: str, spec: tuple) -> tuple:
     """The (argument, slot, offset) pointer entries of a recorded action."""
     return spec[3] if kind == "library" else spec[-1]
@@ -431,12 +494,33 @@ class Tape:
     ----------
     recording : Recording
     allocator : callable
-        ``allocator(nbytes)`` -> an allocation (the device's pool allocator).
+        ``allocator(nbytes)`` -> an allocation (the device's pool allocator;
+        its ``raw`` attribute, when it has one, is used instead: the pool's
+        own allocate, without the recording and capture bookkeeping, which a
+        replay never needs).
     driver : callable
         ``driver()`` -> the pycuda driver module (copies, memsets).
     pack : callable
         ``pack(fmt, *values)`` -> the kernel argument buffer (pycuda's
         ``_pvt_struct.pack``, what ``prepared_async_call`` uses).
+
+    Attributes
+    ----------
+    play : callable
+        ``play(values, out_cells)`` queues the recorded work for the node's
+        input ``values`` and stores the outputs in ``out_cells`` (PyTensor's
+        output storage).
+    source : str
+        The text of ``play``.
+
+    Notes
+    -----
+    ``play`` is a function generated for this tape (its text is
+    :attr:`source`): one statement per input base, temporary, launch, copy,
+    library call and output, with the recorded constants bound by name and
+    the offsets written in, so that a replay runs no loop and no lookup a
+    recording already answered. That is most of what keeps a replayed node's
+    host cost near the launches themselves.
     """
 
     def __init__(
@@ -459,55 +543,16 @@ class Tape:
         self.gpu_inputs = tuple(sorted(s for s in used if s < n_in))
         self.allocator = allocator
         self.host_copies = recording.host_copies
-        self.steps = [
-            self._step(kind, spec, consts, renumber, driver, pack)
-            for kind, spec, consts in recording.actions
-        ]
         self.outputs = [self._output(o, renumber) for o in recording.outputs]
-        self.plays = 0
+        self._plays = [0]
+        self.source, self.play = _Generated(self).build(
+            recording.actions, renumber, driver, pack
+        )
 
-    def _step(self, kind, spec, consts, renumber, driver, pack) -> Callable:
-        if kind == "launch":
-            fn, grid, block, shared, stream, fmt, _, pointers = spec
-            where = tuple((i, renumber[s], off) for i, s, off in pointers)
-            template = list(consts)
-            set_block = getattr(fn, "_set_block_shape", None)
-            launch = fn._launch_kernel
-
-            def run(bases: list[int]) -> None:
-                vals = template.copy()
-                for i, s, off in where:
-                    vals[i] = bases[s] + off
-                if set_block is not None:
-                    set_block(*block)
-                launch(grid, block, pack(fmt, *vals), shared, stream)
-
-            return run
-        if kind == "driver":
-            name, _, pointers = spec
-            where = tuple((i, renumber[s], off) for i, s, off in pointers)
-            template = list(consts)
-
-            def run(bases: list[int]) -> None:
-                vals = template.copy()
-                for i, s, off in where:
-                    vals[i] = bases[s] + off
-                getattr(driver(), name)(*vals)
-
-            return run
-        call, name, _, pointers, host = spec
-        where = tuple((i, renumber[s], off) for i, s, off in pointers)
-        template = list(consts)
-        for i, h in host:
-            template[i] = int(self.host_copies[h].ctypes.data)
-
-        def run(bases: list[int]) -> None:
-            vals = template.copy()
-            for i, s, off in where:
-                vals[i] = bases[s] + off
-            call(name, *vals)
-
-        return run
+    @property
+    def plays(self) -> int:
+        """Calls replayed from this tape so far."""
+        return self._plays[0]
 
     @staticmethod
     def _output(o: tuple, renumber: dict[int, int]) -> tuple:
@@ -518,39 +563,113 @@ class Tape:
         kind, cls, template, slot, off = o
         return kind, cls, template, renumber[slot], off
 
-    def play(self, values: Sequence[Any], out_cells: Sequence[list]) -> None:
-        """Queue the recorded work for inputs ``values``; store the outputs in
-        ``out_cells`` (PyTensor's output storage)."""
-        n_in = self.n_in
-        bases = [0] * (n_in + len(self.temp_sizes))
-        for i in self.gpu_inputs:
-            bases[i] = int(values[i].gpudata)
-        allocs = [self.allocator(n) for n in self.temp_sizes]
-        for j, a in enumerate(allocs):
-            bases[n_in + j] = int(a)
-        for step in self.steps:
-            step(bases)
-        for cell, o in zip(out_cells, self.outputs, strict=True):
-            kind = o[0]
-            if kind == "same":
-                cell[0] = values[o[1]]
+
+class _Generated:
+    """Writes a :class:`Tape`'s ``play`` as Python source and compiles it.
+
+    Names in the generated text: ``values`` and ``out_cells`` (the
+    arguments), ``b<slot>`` (a slot's base address), ``a<k>`` (temporary
+    ``k``'s allocation), ``o`` and ``d`` (an output and its ``__dict__``,
+    a copy of the recorded output's with the new buffers); everything
+    else (kernels, packers, constants, templates) is a global ``_g<n>`` of
+    the generated function.
+    """
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+        self.globals: dict[str, Any] = {}
+        self.lines: list[str] = []
+
+    def bind(self, obj: Any) -> str:
+        """A name for ``obj`` in the generated code (ints written as literals)."""
+        if type(obj) is int:
+            return repr(obj)
+        name = f"_g{len(self.globals)}"
+        self.globals[name] = obj
+        return name
+
+    @staticmethod
+    def address(slot: int, off: int) -> str:
+        return f"b{slot}" if off == 0 else f"b{slot} + {off}"
+
+    def args(self, consts: Sequence[Any], where: Sequence[tuple]) -> list[str]:
+        out = [None if c is None else self.bind(c) for c in consts]
+        for i, s, off in where:
+            out[i] = self.address(s, off)
+        assert all(a is not None for a in out), "a pointer argument without a slot"
+        return out  # type: ignore[return-value]
+
+    def build(
+        self,
+        actions: Sequence[tuple],
+        renumber: dict[int, int],
+        driver: Callable[[], Any],
+        pack: Callable[..., bytes],
+    ) -> tuple[str, Callable[..., None]]:
+        tape, emit = self.tape, self.lines.append
+        n_in = tape.n_in
+        emit("def play(values, out_cells):")
+        for i in tape.gpu_inputs:
+            emit(f"    b{i} = int(values[{i}].gpudata)")
+        if tape.temp_sizes:
+            alloc = self.bind(getattr(tape.allocator, "raw", tape.allocator))
+            for k, n in enumerate(tape.temp_sizes):
+                emit(f"    a{k} = {alloc}({n})")
+                emit(f"    b{n_in + k} = int(a{k})")
+        pack_name = self.bind(pack)
+        for kind, spec, consts in actions:
+            if kind == "launch":
+                fn, grid, block, shared, stream, fmt, _, pointers = spec
+                where = [(i, renumber[s], off) for i, s, off in pointers]
+                set_block = getattr(fn, "_set_block_shape", None)
+                if set_block is not None:
+                    emit(f"    {self.bind(set_block)}(*{self.bind(block)})")
+                packed = ", ".join([self.bind(fmt), *self.args(consts, where)])
+                emit(
+                    f"    {self.bind(fn._launch_kernel)}({self.bind(grid)}, "
+                    f"{self.bind(block)}, {pack_name}({packed}), "
+                    f"{self.bind(shared)}, {self.bind(stream)})"
+                )
+            elif kind == "driver":
+                name, _, pointers = spec
+                where = [(i, renumber[s], off) for i, s, off in pointers]
+                call = self.bind(getattr(driver(), name))
+                emit(f"    {call}({', '.join(self.args(consts, where))})")
+            else:
+                call, name, _, pointers, host = spec
+                where = [(i, renumber[s], off) for i, s, off in pointers]
+                consts = list(consts)
+                for i, h in host:
+                    # the tape's own copy of the host scalar (alpha, beta)
+                    consts[i] = int(tape.host_copies[h].ctypes.data)
+                args = ", ".join([self.bind(name), *self.args(consts, where)])
+                emit(f"    {self.bind(call)}({args})")
+        for k, o in enumerate(tape.outputs):
+            if o[0] == "same":
+                emit(f"    out_cells[{k}][0] = values[{o[1]}]")
                 continue
-            cls, template = o[1], o[2]
-            arr = cls.__new__(cls)
-            d = arr.__dict__
-            d.update(template)
-            if kind == "none":
-                d["gpudata"] = None
-                d["base"] = None
-            elif kind == "own":
-                d["gpudata"] = allocs[o[3] - n_in]
-                d["base"] = None
+            if o[0] == "none":
+                data, base = "None", "None"
+            elif o[0] == "own":
+                data, base = f"a{o[3] - n_in}", "None"
             else:
                 slot, off = o[3], o[4]
-                d["gpudata"] = bases[slot] + off
-                d["base"] = values[slot] if slot < n_in else allocs[slot - n_in]
-            cell[0] = arr
-        self.plays += 1
+                data = self.address(slot, off)
+                base = f"values[{slot}]" if slot < n_in else f"a{slot - n_in}"
+            # a fresh GPUArray: the recorded one's attributes with new buffers
+            template = {**o[2], "gpudata": None, "base": None}
+            emit(f"    d = {self.bind(template)}.copy()")
+            emit(f'    d["gpudata"] = {data}')
+            if base != "None":
+                emit(f'    d["base"] = {base}')
+            emit(f"    o = {self.bind(o[1].__new__)}({self.bind(o[1])})")
+            emit("    o.__dict__ = d")
+            emit(f"    out_cells[{k}][0] = o")
+        emit(f"    {self.bind(tape._plays)}[0] += 1")
+        source = "\n".join(self.lines) + "\n"
+        namespace = dict(self.globals)
+        exec(compile(source, "<cc2ops launch tape>", "exec"), namespace)
+        return source, namespace["play"]
 
 
 class NodeTapes:
@@ -567,6 +686,19 @@ class NodeTapes:
         What a fresh GPUArray's ``__dict__`` holds (:func:`gpuarray_fields`).
     tf32 : callable
         Returns the TF32 switch (part of every key).
+
+    Attributes
+    ----------
+    key : callable
+        ``key(values)`` -> the replay key of input ``values``, or ``None``
+        when no tape applies (tapes switched off, an empty or missing GPU
+        input, a large or unhashable host input). A flat tuple: the TF32
+        switch; per GPU input its shape, strides and address mod 256; per
+        host input its :func:`_host_part`; and, when two GPU inputs share an
+        address, which do. Written for the node's inputs
+        (:func:`_key_function`).
+    tapes : OrderedDict
+        Key -> :class:`Tape`, least recently used first.
     """
 
     def __init__(
@@ -591,41 +723,14 @@ class NodeTapes:
         self._tries: dict[tuple, int] = {}
         #: why the latest recording was not replayable (for diagnostics)
         self.last_refusal: str | None = None
-
-    def key(self, values: Sequence[Any]) -> tuple | None:
-        """The replay key of input ``values``, or ``None`` when no tape applies
-        (tapes switched off, an empty or missing GPU input, a large or
-        unhashable host input)."""
-        if not _enabled:
-            return None
-        parts: list[Any] = [self.tf32()]
-        ptrs = []
-        for i in self.gpu_idx:
-            v = values[i]
-            data = getattr(v, "gpudata", None)
-            if data is None:
-                return None
-            p = int(data)
-            ptrs.append(p)
-            parts.append((v.shape, v.strides, p & _ALIGN_MASK))
-        for i in self.host_idx:
-            v = values[i]
-            if v is None or type(v) in (int, float, bool):
-                parts.append((type(v), v))
-            elif isinstance(v, (np.ndarray, np.generic)):
-                if v.size > HOST_KEY_MAX_ELEMENTS or v.dtype.kind not in "biuf":
-                    return None
-                parts.append((v.dtype.str, v.shape, v.tobytes()))
-            else:
-                return None
-        if len(set(ptrs)) != len(ptrs):
-            parts.append(tuple(ptrs.index(p) for p in ptrs))
-        return tuple(parts)
+        self.key = _key_function(self.gpu_idx, self.host_idx, tf32)
 
     def get(self, key: tuple) -> Tape | None:
-        tape = self.tapes.get(key)
-        if tape is not None:
-            self.tapes.move_to_end(key)
+        """The tape of ``key`` (made the most recently used), if any."""
+        tapes = self.tapes
+        tape = tapes.get(key)
+        if tape is not None and len(tapes) > 1:
+            tapes.move_to_end(key)
         return tape
 
     def wants_recording(self, key: tuple) -> bool:

@@ -352,6 +352,92 @@ def test_key_distinguishes_geometry_alignment_aliasing_host_values_and_tf32():
     assert tapes.key([a, b, "text"]) is None
 
 
+def test_key_of_three_inputs_tells_which_share_an_address():
+    tapes = NodeTapes([True] * 3, allocator, None, pack, FIELDS, lambda: False)
+    a, b, c = (FakeArray((4,)) for _ in range(3))
+    patterns = ([a, b, c], [a, b, b], [a, a, b], [b, a, b])
+    assert len({tapes.key(v) for v in patterns}) == 4, "abc, abb, aab, aba differ"
+    assert tapes.key([a, b, b]) == tapes.key([c, a, a]), "the pattern, not the names"
+
+
+class FakeDriver:
+    """The driver calls array's copies and memsets report (note_driver)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def memset_d8_async(self, dst, value, n, stream):
+        self.log.append(("memset", dst, value, n, stream))
+
+    def memcpy_dtod_async(self, dst, src, n, stream):
+        self.log.append(("copy", dst, src, n, stream))
+
+
+def test_driver_copies_and_memsets_replay_with_new_pointers():
+    log = []
+    drv = FakeDriver(log)
+
+    def perform(x):
+        out = FakeArray((2, *x.shape))
+        n = x.size * x.dtype.itemsize
+        # zero the first half, copy x into the second (offset n)
+        args = (ptr(out), 0, n, "s")
+        drv.memset_d8_async(*args)
+        tape.note_driver("memset_d8_async", args, (0,))
+        args = (ptr(out) + n, ptr(x), n, "s")
+        drv.memcpy_dtod_async(*args)
+        tape.note_driver("memcpy_dtod_async", args, (0, 1))
+        return out
+
+    tapes = NodeTapes([True], allocator, lambda: drv, pack, FIELDS, lambda: False)
+    node = Node(perform, [True])
+    node.tapes = tapes
+    node(FakeArray((4,)))
+    node(FakeArray((4,)))
+    assert tapes.tapes
+    log.clear()
+    x = FakeArray((4,))
+    out = node(x)
+    assert node.performed == 2
+    assert log == [
+        ("memset", ptr(out), 0, 16, "s"),
+        ("copy", ptr(out) + 16, ptr(x), 16, "s"),
+    ]
+    assert out.shape == (2, 4)
+
+
+def test_replays_allocate_from_the_pools_own_allocate():
+    """A replay never records and never runs while a graph captures, so it
+    takes the allocator's ``raw`` (PoolAllocator's pool.allocate)."""
+    raw_sizes = []
+
+    class Pool:
+        def __call__(self, nbytes):  # what perform's allocations go through
+            return FakeAlloc(nbytes)
+
+        def raw(self, nbytes):
+            raw_sizes.append(nbytes)
+            return FakeAlloc(nbytes)
+
+    pool = Pool()
+    k = FakeKernel("k", [])
+
+    def perform(x):
+        out = FakeArray(x.shape)
+        launch(k, [x, out])
+        return out
+
+    node = Node(perform, [True])
+    node.tapes = NodeTapes([True], pool, lambda: None, pack, FIELDS, lambda: False)
+    node(FakeArray((4,)))
+    node(FakeArray((4,)))
+    assert raw_sizes == []
+    out = node(FakeArray((4,)))
+    assert raw_sizes == [16] and int(out.gpudata) == out.gpudata.address
+    (t,) = node.tapes.tapes.values()
+    assert "def play(values, out_cells):" in t.source
+
+
 def test_switching_tapes_off_runs_perform():
     log = []
     node = scale_node(log)
