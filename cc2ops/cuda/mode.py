@@ -20,7 +20,11 @@ What the linker adds:
 - host values waiting in GPU-typed storage (shared variables created with
   :func:`cc2ops.cuda.shared`, GPU constants, input defaults) are uploaded
   once, when the function is linked; the shared containers then hold
-  GPUArrays, and a function's ``updates`` to them store GPUArrays.
+  GPUArrays, and a function's ``updates`` to them store GPUArrays;
+- each call is a scope of deferred checks (:class:`CheckedVM`,
+  :mod:`cc2ops.cuda.runtime.checks`): the softmax ops' label checks do not
+  hold the host in the middle of a step, and still raise ``ValueError``
+  before the caller's state changes.
 
 Calling a compiled function: GPU-typed inputs take GPUArrays (numpy arrays
 are copied to the device by the type's ``filter``), GPU-typed outputs come
@@ -40,10 +44,12 @@ from typing import Any
 
 from pytensor.compile.mode import Mode, predefined_modes, register_mode
 from pytensor.compile.ops import DeepCopyOp
+from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.link.vm import VMLinker
 
 import cc2ops.rewriting  # noqa: F401  (registers the cc2ops rewrite databases and rules)
 from cc2ops.cuda.replay import DEFAULT_MAX_GRAPHS, ReplayVM
+from cc2ops.cuda.runtime import checks
 from cc2ops.cuda.runtime.array import is_gpuarray, to_gpu
 from cc2ops.cuda.runtime.availability import require
 from cc2ops.cuda.runtime.device import _check_label
@@ -54,6 +60,8 @@ from cc2ops.distributed.hybrid import MultiDeviceMode
 
 __all__ = [
     "GpuMode",
+    "CheckedVM",
+    "writes_function_input",
     "launch_tapes",
     "GpuVMLinker",
     "MultiGpuMode",
@@ -86,6 +94,50 @@ def _swap_deep_copies(fgraph: Any, no_recycling: Any) -> Any:
     return [swapped.get(v, v) for v in no_recycling]
 
 
+def _aliased_input(var: Variable) -> Variable | None:
+    """The graph input whose memory ``var`` is (through views and in-place
+    outputs), or ``None`` when ``var`` is a buffer some node allocated."""
+    while var.owner is not None:
+        node = var.owner
+        k = node.outputs.index(var)
+        op = node.op
+        src = (getattr(op, "view_map", None) or {}).get(k) or (
+            getattr(op, "destroy_map", None) or {}
+        ).get(k)
+        if not src:
+            return None
+        var = node.inputs[src[0]]
+    return None if isinstance(var, Constant) else var
+
+
+def writes_function_input(node: Apply) -> bool:
+    """Whether ``node`` writes in place into memory a function input owns (a
+    shared variable's value, say): an input its ``destroy_map`` names is, or
+    is a view of, a graph input."""
+    destroy = getattr(node.op, "destroy_map", None) or {}
+    return any(
+        _aliased_input(node.inputs[i]) is not None
+        for outs in destroy.values()
+        for i in outs
+    )
+
+
+def _flush_first(thunk: Any) -> Any:
+    """``thunk``, run after the pending deferred checks (a node that writes into
+    a function input: a bad label raises before the caller's memory changes)."""
+
+    def flushing(thunk: Any = thunk, pending: Any = checks.pending) -> Any:
+        if pending():
+            checks.flush()
+        return thunk()
+
+    for name in ("inputs", "outputs", "lazy", "tapes", "perform"):
+        if hasattr(thunk, name):
+            setattr(flushing, name, getattr(thunk, name))
+    flushing.flushes_checks = True
+    return flushing
+
+
 def _upload_pending(storage_map: dict) -> int:
     """Upload host values found in GPU-typed input storage; returns how many."""
     uploaded = 0
@@ -98,6 +150,69 @@ def _upload_pending(storage_map: dict) -> int:
         cell[0] = to_gpu(var.type.filter_host(value), var.type.device)
         uploaded += 1
     return uploaded
+
+
+class CheckedVM:
+    """A PyTensor VM whose calls are scopes of deferred checks.
+
+    A label check made while the wrapped VM runs is read back where it is
+    needed (:mod:`cc2ops.cuda.runtime.checks`): before a node writes into an
+    input's memory, after a read-back, and here, when the VM returns. The VM
+    has updated the function's inputs by then (PyTensor's VMs swap in the new
+    values of ``updates`` themselves), so if a check raises, the input cells
+    it updated get their old values back: the caller's shared variables are
+    as they were before the call, and the error propagates.
+
+    Everything but ``__call__`` is the wrapped VM's, attributes set on it
+    included (profilers replace ``thunks``).
+
+    Parameters
+    ----------
+    vm : callable
+        The VM the linker made.
+    fgraph : FunctionGraph
+        The graph it runs (its ``update_mapping`` names the updated inputs).
+    """
+
+    def __init__(self, vm: Any, fgraph: Any) -> None:
+        self.vm = vm
+        self._check_failed = False
+        updates = getattr(fgraph, "update_mapping", None) or {}
+        smap = vm.storage_map
+        self._updated_cells = [smap[fgraph.inputs[i]] for i in updates.values()]
+
+    _OWN = frozenset({"vm", "_updated_cells", "_check_failed"})
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "position_of_error" and self.__dict__.get("_check_failed"):
+            # the error is not a node's: PyTensor re-raises it as it is
+            raise AttributeError(name)
+        return getattr(self.__dict__["vm"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.vm, name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cells = self._updated_cells
+        before = [c[0] for c in cells]
+        self._check_failed = False
+        checks.scope_open()
+        try:
+            out = self.vm(*args, **kwargs)
+        except BaseException:
+            checks.scope_close(run=False)
+            raise
+        try:
+            checks.scope_close()
+        except BaseException:
+            for c, v in zip(cells, before, strict=True):
+                c[0] = v
+            self._check_failed = True
+            raise
+        return out
 
 
 class GpuVMLinker(VMLinker):
@@ -154,10 +269,22 @@ class GpuVMLinker(VMLinker):
             storage_map=storage_map,
         )
         _upload_pending(result[0].storage_map)
-        if self.cc2ops_graphs and _needs_cuda(self.fgraph):
-            vm = ReplayVM(result[0], self.fgraph, self.cc2ops_max_graphs)
+        if _needs_cuda(self.fgraph):
+            vm = CheckedVM(result[0], self.fgraph)
+            if self.cc2ops_graphs:
+                vm = ReplayVM(vm, self.fgraph, self.cc2ops_max_graphs)
             result = (vm, *result[1:])
         return result
+
+    def make_vm(self, nodes: Any, thunks: Any, *args: Any, **kwargs: Any) -> Any:
+        # the nodes that write into a function input run the deferred checks
+        # first (CheckedVM); the VM is built around the wrapped thunks
+        if _needs_cuda(self.fgraph):
+            thunks = [
+                _flush_first(t) if writes_function_input(n) else t
+                for n, t in zip(nodes, thunks, strict=True)
+            ]
+        return super().make_vm(nodes, thunks, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, devices={self.cc2ops_devices})"

@@ -282,16 +282,20 @@ class GpuOp(Cc2Op):
                 thunk: Any = thunk,
                 dev: Any = dev,
                 tapes: NodeTapes = tapes,
+                key_of: Any = tapes.key,
+                tape_of: Any = tapes.get,
                 in_cells: list = in_cells,
                 out_cells: list = out_cells,
                 computed: list = computed,
             ) -> Any:
                 dev.activate()
+                if cudagraph_active():
+                    return thunk()  # a capture records perform's own launches
                 values = [c[0] for c in in_cells]
-                key = tapes.key(values)
-                if key is None or cudagraph_active():
+                key = key_of(values)
+                if key is None:
                     return thunk()
-                tape = tapes.get(key)
+                tape = tape_of(key)
                 if tape is not None:
                     tape.play(values, out_cells)
                     for c in computed:

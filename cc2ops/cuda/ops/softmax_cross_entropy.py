@@ -52,7 +52,7 @@ from pytensor.graph.basic import Apply, Variable
 from cc2ops._op import FLOAT_DTYPES
 from cc2ops.cuda.op import GpuOp, as_gpu_variable, common_device, gpu_float_variable
 from cc2ops.cuda.rewriting.lift import register_lift, to_gpu
-from cc2ops.cuda.runtime import array, tape
+from cc2ops.cuda.runtime import array, checks, tape
 from cc2ops.cuda.runtime.availability import driver
 from cc2ops.cuda.runtime.compile import (
     get_kernel,
@@ -382,16 +382,29 @@ def _check_targets(op: str, t: Any, x: Any) -> bool:
 def check_label_flag(flag: Any, labels: Any, op: str, k: int, device: int) -> None:
     """Raise ``ValueError`` if a kernel flagged a label outside ``[0, K)``.
 
-    Reads the 4-byte flag back (synchronises ``device``'s stream); on an
-    error also reads the offending label. While ``device`` is captured into a
-    CUDA graph the check is deferred to after each replay
-    (:func:`cc2ops.cuda.runtime.cudagraph.defer_check`).
+    While ``device`` is captured into a CUDA graph the check runs after each
+    replay (:func:`cc2ops.cuda.runtime.cudagraph.defer_check`); while a GPU
+    function runs, at the next point that needs it, before the caller's state
+    can change (:mod:`cc2ops.cuda.runtime.checks`: the flag is copied back
+    without waiting); otherwise at once (reading the 4-byte flag back
+    synchronises the stream). On an error the offending label is read too.
     """
     from cc2ops.cuda.runtime.cudagraph import defer_check
 
     if defer_check(device, lambda: check_label_flag(flag, labels, op, k, device)):
         return
-    row = int(array.to_host(flag, device)[0])
+    if checks.deferring():
+        # a tape could not replay the check: the node stays on perform
+        tape.refuse("a label check reads its flag back")
+        checks.defer_flag(
+            flag, device, lambda row: _raise_on_bad_row(row, labels, op, k, device)
+        )
+        return
+    _raise_on_bad_row(int(array.to_host(flag, device)[0]), labels, op, k, device)
+
+
+def _raise_on_bad_row(row: int, labels: Any, op: str, k: int, device: int) -> None:
+    """The error for a flag value ``row`` (``_NO_ERROR``: none)."""
     if row == _NO_ERROR:
         return
     label = array.to_host(labels[row : row + 1], device)[0]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from cc2ops.cuda.runtime import checks
 from cc2ops.cuda.runtime.compile import (
     debug_enabled,
     get_kernel,
@@ -229,6 +230,10 @@ def to_host(garray: Any, device: int | None = None) -> np.ndarray:
 
         driver().memcpy_dtoh_async(host, ptr(src), dev.stream)
     dev.stream.synchronize()
+    if checks.pending():
+        # the device has passed every deferred flag copy on this stream; the
+        # values returned may go on to change host state: check them first
+        checks.flush()
     return host
 
 
