@@ -157,9 +157,20 @@ class GpuDropout(DropoutSkeleton, _GpuBase):
     """
 
     __props__ = ("p",)
+    # replayed from launch tapes (cc2ops.cuda.runtime.tape) when the state is
+    # on the GPU: the kernel reads key and counter from it, so every call
+    # queues the same launch
+    tape_replay = True
 
     def __init__(self, p: float) -> None:
         self.p = check_p(p)
+
+    def _node_tapes(self, node: Apply, dev: Any) -> Any:
+        # a host state's key and counter are kernel constants that change every
+        # call: no two calls queue the same work, so recording would only cost
+        if not _is_gpu(node.inputs[1]):
+            return None
+        return super()._node_tapes(node, dev)
 
     def make_node(self, x: Any, state: Any) -> Apply:
         x = as_gpu_variable(x, op="GpuDropout", role="x")
@@ -223,6 +234,7 @@ class GpuDropoutAdvance(DropoutAdvanceSkeleton, _GpuBase):
     """
 
     __props__ = ()
+    tape_replay = True  # replayed from launch tapes (cc2ops.cuda.runtime.tape)
 
     def make_node(self, state: Any, x: Any) -> Apply:
         state = as_gpu_variable(state, op="GpuDropoutAdvance", role="state")

@@ -550,6 +550,42 @@ def test_gpu_training_step_replays_tapes_with_the_untaped_values():
 
 
 @gpu
+def test_gpu_dropout_with_a_gpu_state_replays_with_new_masks_each_call():
+    """The kernel reads key and counter from the GPU state (advanced by the
+    state's default update), so one tape serves every call; the masks still
+    change call after call, as with tapes off. A host state is never taped."""
+    import pytensor
+    import pytensor.tensor as pt
+
+    import cc2ops
+    import cc2ops.cuda as cuda
+
+    r = np.random.default_rng(3)
+    w0 = (0.3 * r.standard_normal((12, 16))).astype(np.float32)
+
+    def build(device=0):
+        x = pt.matrix("x", dtype="float32")
+        w = cuda.shared(w0.copy(), name="w")
+        state = cc2ops.dropout_state(7, device=device)
+        h = cc2ops.dropout(pt.maximum(x @ w, 0), 0.5, state)
+        loss = (h**2).mean()
+        (g,) = pytensor.grad(loss, [w])
+        return pytensor.function(
+            [x], [h, loss], updates=[(w, w - np.float32(0.1) * g)],
+            mode=cuda.mode(),
+        )  # fmt: skip
+
+    batches = [(r.standard_normal((8, 12)).astype(np.float32),) for _ in range(6)]
+    taped, plain, report = _run_both(build, batches)
+    for k, (a, b) in enumerate(zip(taped, plain, strict=True)):
+        np.testing.assert_array_equal(a[0] == 0, b[0] == 0, err_msg=f"mask, call {k}")
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-6, err_msg=f"loss, call {k}")
+    assert not np.array_equal(taped[-1][0] == 0, taped[-2][0] == 0), "masks change"
+    played = {e["op"].split("{")[0] for e in report if e["plays"]}
+    assert {"GpuDropout", "GpuDropoutAdvance"} <= played, report
+
+
+@gpu
 @pytest.mark.parametrize("tf32", [False, True])
 def test_gpu_tf32_switch_is_part_of_the_key(tf32):
     import pytensor
