@@ -394,11 +394,11 @@ def check_label_flag(flag: Any, labels: Any, op: str, k: int, device: int) -> No
     if defer_check(device, lambda: check_label_flag(flag, labels, op, k, device)):
         return
     if checks.deferring():
-        # a tape could not replay the check: the node stays on perform
-        tape.refuse("a label check reads its flag back")
         checks.defer_flag(
             flag, device, lambda row: _raise_on_bad_row(row, labels, op, k, device)
         )
+        # a launch tape replays this call with its own flag and labels
+        tape.note_call(check_label_flag, (flag, labels, op, k, device))
         return
     _raise_on_bad_row(int(array.to_host(flag, device)[0]), labels, op, k, device)
 
@@ -618,6 +618,11 @@ class _GpuBase(GpuGradients, GpuOp):
     but ``k``)."""
 
     __props__ = ()
+    # replayed from launch tapes (cc2ops.cuda.runtime.tape) once their label
+    # checks are deferred (inside a GPU-mode function; a check read back at
+    # once refuses the recording); the split forward's workspace is kept for
+    # the process's life, so a tape may hold its address
+    tape_replay = True
 
 
 class GpuSoftmaxCrossEntropy(SoftmaxCrossEntropySkeleton, _GpuBase):
@@ -633,10 +638,11 @@ class GpuSoftmaxCrossEntropy(SoftmaxCrossEntropySkeleton, _GpuBase):
     (shape rule and gradients:
     :class:`~cc2ops.softmax_cross_entropy.SoftmaxCrossEntropySkeleton`). A
     label outside ``[0, K)`` raises ``ValueError`` when the function runs
-    (the op reads a 4-byte error flag back, synchronising its stream once per
-    call). Long rows are spread over several blocks when the batch alone
-    would not fill the device (:func:`softmax_cross_entropy_forward`); the
-    loss is deterministic either way. Pullback wrt the logits
+    (the op's kernel lowers a 4-byte error flag, read back where the step
+    needs it: :mod:`cc2ops.cuda.runtime.checks`). Long rows are spread over
+    several blocks when the batch alone would not fill the device
+    (:func:`softmax_cross_entropy_forward`); the loss is deterministic either
+    way. Pullback wrt the logits
     :class:`GpuSoftmaxCrossEntropyGrad`; soft targets get
     ``-log_softmax(logits) * g[:, None]`` (a host graph that the GPU mode
     lifts); labels are disconnected.

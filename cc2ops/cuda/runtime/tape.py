@@ -7,8 +7,9 @@ for less. Yet for inputs of one geometry a node queues the same work every
 call; only the device addresses change. A *tape* is that work written down:
 
 - the kernel launches (function, grid, block, shared memory, stream and the
-  packed arguments), device-to-device copies and memsets, and cuBLAS calls,
-  in order;
+  packed arguments), device-to-device copies and memsets, cuBLAS calls, and
+  the host calls a replay must make again (:func:`note_call`: a deferred
+  label check registering the flag just written), in order;
 - the temporaries allocated from the device pool while ``perform`` ran;
 - each output, as an input passed through, a view of an input, or a view of
   a temporary;
@@ -77,6 +78,7 @@ __all__ = [
     "note_launch",
     "note_driver",
     "note_library",
+    "note_call",
     "note_host_scalar",
     "MAX_TAPES_PER_NODE",
     "MAX_RECORDINGS",
@@ -177,6 +179,16 @@ def note_library(call: Callable[..., Any], name: str, args: Sequence[Any]) -> No
         rec.library_call(call, name, args)
 
 
+def note_call(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """A host function ``fn(*args)`` a replay must call again at this point
+    (a deferred check that registers the flag just written): GPU array
+    arguments are rebuilt over the replay's buffers, the others are kept.
+    ``fn`` must be safe to call with the arrays of any later call."""
+    rec = _state.rec
+    if rec is not None:
+        rec.call(fn, args)
+
+
 def note_host_scalar(array: np.ndarray) -> None:
     """A host array whose address a following library call takes (cuBLAS's
     ``alpha``/``beta``); the tape keeps a copy of it."""
@@ -212,8 +224,14 @@ class Recorder:
     gpu : sequence of bool
     """
 
-    def __init__(self, inputs: Sequence[Any], gpu: Sequence[bool]) -> None:
+    def __init__(
+        self,
+        inputs: Sequence[Any],
+        gpu: Sequence[bool],
+        fields: frozenset[str] | None = None,
+    ) -> None:
         self.inputs = list(inputs)
+        self.fields = fields
         self.n_in = len(self.inputs)
         # (lo, hi, base) byte ranges per GPU input
         self._in_ranges: list[tuple[int, int, int, int]] = []
@@ -266,6 +284,37 @@ class Recorder:
     def alloc(self, alloc: Any, nbytes: int) -> None:
         if nbytes > 0:
             self.temps.append((int(alloc), int(nbytes)))
+
+    def _template(self, a: Any) -> dict[str, Any]:
+        """A GPU array's attributes but its buffer (``gpudata``, ``base``)."""
+        fields = self.fields
+        t = {f: v for f, v in vars(a).items() if fields is None or f in fields}
+        t.pop("gpudata", None)
+        t.pop("base", None)
+        return t
+
+    def call(self, fn: Callable[..., Any], args: Sequence[Any]) -> None:
+        consts: list[Any] = []
+        arrays: list[tuple[int, int, int]] = []
+        sig: list[Any] = []
+        for i, a in enumerate(args):
+            if hasattr(a, "gpudata") and hasattr(a, "strides"):
+                loc = self.locate(int(a.gpudata))
+                if loc is None:
+                    self.refuse(
+                        f"{getattr(fn, '__name__', fn)}: argument {i} "
+                        f"({int(a.gpudata):#x}) is outside the node's inputs and "
+                        "temporaries"
+                    )
+                    return
+                template = self._template(a)
+                arrays.append((i, *loc))
+                consts.append((type(a), template))
+                sig.append(("a", type(a), template, *loc))
+            else:
+                consts.append(a)
+                sig.append(("c", type(a), a))
+        self.actions.append(("call", (fn, tuple(sig), tuple(arrays)), consts))
 
     def launch(self, fn, grid, block, shared, stream, values, addresses, fmt) -> None:
         if getattr(fn, "texrefs", None):
@@ -592,6 +641,22 @@ class _Generated:
     def address(slot: int, off: int) -> str:
         return f"b{slot}" if off == 0 else f"b{slot} + {off}"
 
+    def owner(self, slot: int) -> str:
+        """What keeps slot ``slot``'s buffer alive: the input or the allocation."""
+        n_in = self.tape.n_in
+        return f"values[{slot}]" if slot < n_in else f"a{slot - n_in}"
+
+    def array(self, name: str, cls: type, template: dict, slot: int, off: int) -> str:
+        """Emit a GPU array ``name`` over ``slot`` + ``off`` (a view: its
+        ``base`` keeps the buffer alive); returns ``name``."""
+        emit = self.lines.append
+        emit(f"    d = {self.bind({**template, 'gpudata': None, 'base': None})}.copy()")
+        emit(f'    d["gpudata"] = {self.address(slot, off)}')
+        emit(f'    d["base"] = {self.owner(slot)}')
+        emit(f"    {name} = {self.bind(cls.__new__)}({self.bind(cls)})")
+        emit(f"    {name}.__dict__ = d")
+        return name
+
     def args(self, consts: Sequence[Any], where: Sequence[tuple]) -> list[str]:
         out = [None if c is None else self.bind(c) for c in consts]
         for i, s, off in where:
@@ -635,6 +700,17 @@ class _Generated:
                 where = [(i, renumber[s], off) for i, s, off in pointers]
                 call = self.bind(getattr(driver(), name))
                 emit(f"    {call}({', '.join(self.args(consts, where))})")
+            elif kind == "call":
+                fn, _, arrays = spec
+                where = {i: (renumber[s], off) for i, s, off in arrays}
+                args = []
+                for i, c in enumerate(consts):
+                    if i in where:
+                        cls, template = c
+                        args.append(self.array(f"c{i}", cls, template, *where[i]))
+                    else:
+                        args.append(self.bind(c))
+                emit(f"    {self.bind(fn)}({', '.join(args)})")
             else:
                 call, name, _, pointers, host = spec
                 where = [(i, renumber[s], off) for i, s, off in pointers]
@@ -648,15 +724,13 @@ class _Generated:
             if o[0] == "same":
                 emit(f"    out_cells[{k}][0] = values[{o[1]}]")
                 continue
-            if o[0] == "none":
-                data, base = "None", "None"
-            elif o[0] == "own":
-                data, base = f"a{o[3] - n_in}", "None"
-            else:
-                slot, off = o[3], o[4]
-                data = self.address(slot, off)
-                base = f"values[{slot}]" if slot < n_in else f"a{slot - n_in}"
+            if o[0] == "view":
+                self.array("o", o[1], o[2], o[3], o[4])
+                emit(f"    out_cells[{k}][0] = o")
+                continue
             # a fresh GPUArray: the recorded one's attributes with new buffers
+            data = "None" if o[0] == "none" else f"a{o[3] - n_in}"
+            base = "None"
             template = {**o[2], "gpudata": None, "base": None}
             emit(f"    d = {self.bind(template)}.copy()")
             emit(f'    d["gpudata"] = {data}')
@@ -741,7 +815,7 @@ class NodeTapes:
         """Begin recording on this thread (pair with :meth:`stop`)."""
         if _state.rec is not None:
             raise RuntimeError("cc2ops.cuda.tape: a recording is already active")
-        rec = Recorder(values, self.gpu)
+        rec = Recorder(values, self.gpu, self.fields)
         _state.rec = rec
         return rec
 

@@ -330,6 +330,47 @@ def test_library_calls_classify_pointers_host_scalars_and_constants():
     assert alpha_p == t.host_copies[0].ctypes.data and t.host_copies[0] == 1.5
 
 
+def test_noted_host_calls_are_repeated_with_arrays_over_the_new_buffers():
+    """A deferred check (the softmax label flag) is a host call the replay
+    makes again, with the flag and labels of the new call."""
+    calls = []
+    k = FakeKernel("k", [])
+    kept = FakeArray((1,), np.uint32)  # a buffer from an earlier call
+
+    def check(flag, labels, op, classes):
+        calls.append((flag, labels, op, classes))
+
+    def perform(x, outside=False):
+        flag = FakeArray((1,), np.uint32)
+        out = FakeArray(x.shape)
+        launch(k, [x, out, flag])
+        tape.note_call(check, (kept if outside else flag, x, "GpuThing", 7))
+        check(flag, x, "GpuThing", 7)
+        return out
+
+    node = Node(perform, [True])
+    node(FakeArray((4,), np.int32))
+    node(FakeArray((4,), np.int32))
+    (t,) = node.tapes.tapes.values()
+    calls.clear()
+    x = FakeArray((4,), np.int32)
+    node(x)
+    assert node.performed == 2
+    ((flag, labels, op, classes),) = calls
+    assert (op, classes) == ("GpuThing", 7)
+    assert labels.gpudata == ptr(x) and labels.base is x and labels.shape == (4,)
+    assert labels.dtype == np.int32 and labels.strides == x.strides
+    assert flag.shape == (1,) and flag.dtype == np.uint32
+    assert isinstance(flag.base, FakeAlloc), "the view keeps the new flag alive"
+    assert flag.gpudata == flag.base.address and flag.gpudata not in (ptr(x),)
+
+    outside = Node(lambda x: perform(x, outside=True), [True])
+    for _ in range(MAX_RECORDINGS + 1):
+        outside(FakeArray((4,), np.int32))
+    assert not outside.tapes.tapes
+    assert "argument 0" in outside.tapes.last_refusal
+
+
 def test_key_distinguishes_geometry_alignment_aliasing_host_values_and_tf32():
     flag = [False]
     tapes = NodeTapes([True, True, False], allocator, None, pack, FIELDS,
@@ -545,7 +586,8 @@ def test_gpu_training_step_replays_tapes_with_the_untaped_values():
             )
     played = {e["op"].split("{")[0] for e in report if e["plays"]}
     for op in ("GpuFilterActs", "GpuImageActs", "GpuWeightActs", "GpuMaxPool",
-               "GpuCrossMapNorm", "GpuElemwise", "GpuDot22"):  # fmt: skip
+               "GpuCrossMapNorm", "GpuElemwise", "GpuDot22",
+               "GpuSoftmaxCrossEntropy", "GpuSoftmaxCrossEntropyGrad"):  # fmt: skip
         assert any(p.startswith(op) for p in played), (op, report)
 
 
