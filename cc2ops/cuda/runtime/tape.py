@@ -728,14 +728,12 @@ class _Generated:
                 self.array("o", o[1], o[2], o[3], o[4])
                 emit(f"    out_cells[{k}][0] = o")
                 continue
-            # a fresh GPUArray: the recorded one's attributes with new buffers
+            # an array that owns its buffer (or has none): the recorded one's
+            # attributes with the new allocation, and no base
             data = "None" if o[0] == "none" else f"a{o[3] - n_in}"
-            base = "None"
             template = {**o[2], "gpudata": None, "base": None}
             emit(f"    d = {self.bind(template)}.copy()")
             emit(f'    d["gpudata"] = {data}')
-            if base != "None":
-                emit(f'    d["base"] = {base}')
             emit(f"    o = {self.bind(o[1].__new__)}({self.bind(o[1])})")
             emit("    o.__dict__ = d")
             emit(f"    out_cells[{k}][0] = o")
