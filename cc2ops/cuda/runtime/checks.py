@@ -10,15 +10,17 @@ device runs the forward pass, and the device then idles while the host
 catches up (three such stops in a step with a loss, its gradient and a top-k
 error).
 
-While a compiled GPU function runs (:func:`scope`, opened by the GPU mode's
-VM), a check is deferred instead (:func:`defer_flag`): the flag is copied
-asynchronously into a slot of a pinned host buffer, an event is recorded
-after the copy, and the check itself runs at the next point that needs it
+While a compiled GPU function runs (:func:`scope_open`, called by the GPU
+mode's VM, :class:`cc2ops.cuda.mode.CheckedVM`), a check is deferred
+instead (:func:`defer_flag`): the flag is copied asynchronously into a slot
+of a pinned host buffer, an event is recorded after the copy, and the check
+itself runs at the next point that needs it
 (:func:`flush`):
 
 - before a node writes in place into memory a function input owns (a shared
   variable's parameters, say), so that a bad label raises before any of the
-  caller's state changes (:class:`cc2ops.cuda.op.GpuOp` does this);
+  caller's state changes (the GPU linker wraps those nodes' thunks,
+  :meth:`cc2ops.cuda.mode.GpuVMLinker.make_vm`);
 - after any read-back to the host (:func:`cc2ops.cuda.runtime.array.to_host`
   synchronises anyway, and the values it returns may go on to change host
   state);
@@ -64,11 +66,10 @@ SLOTS = 64
 class _Staging:
     """One device's pinned flag slots and the event after the latest copy."""
 
-    def __init__(self, device: int) -> None:
+    def __init__(self) -> None:
         from cc2ops.cuda.runtime.availability import driver
 
         drv = driver()
-        self.device = device
         self.host = drv.pagelocked_empty((SLOTS,), np.uint32)
         self.event = drv.Event()
         self.used = 0
@@ -133,16 +134,15 @@ def defer_flag(
     from cc2ops.cuda.runtime.device import get_device
 
     dev = get_device(device)
+    dev.activate()
     stage = _state.staging.get(dev.index)
     if stage is None:
-        dev.activate()
-        stage = _state.staging[dev.index] = _Staging(device)
+        stage = _state.staging[dev.index] = _Staging()
     if stage.used == SLOTS:
         flush()
     slot = stage.used
     stage.used += 1
     stream = dev.stream if stream is None else stream
-    dev.activate()
     driver().memcpy_dtoh_async(stage.host[slot : slot + 1], int(flag.gpudata), stream)
     stage.event.record(stream)
     host, event = stage.host, stage.event
@@ -150,7 +150,7 @@ def defer_flag(
     def read() -> None:
         check(int(host[slot]))
 
-    _state.pending.append((event.synchronize, read))
+    defer(event.synchronize, read)
 
 
 def flush() -> None:

@@ -213,6 +213,15 @@ def _scalar_sig(value: Any) -> tuple:
     return (type(value), np.asarray(value).tobytes())
 
 
+def _array_template(a: Any, fields: frozenset[str] | None) -> dict[str, Any]:
+    """A GPU array's attributes among ``fields`` (all when ``None``) but its
+    buffer (``gpudata``, ``base``): what a replay builds a new array from."""
+    t = {f: v for f, v in vars(a).items() if fields is None or f in fields}
+    t.pop("gpudata", None)
+    t.pop("base", None)
+    return t
+
+
 class Recorder:
     """The device work of one ``perform``, with pointers as (slot, offset).
 
@@ -285,14 +294,6 @@ class Recorder:
         if nbytes > 0:
             self.temps.append((int(alloc), int(nbytes)))
 
-    def _template(self, a: Any) -> dict[str, Any]:
-        """A GPU array's attributes but its buffer (``gpudata``, ``base``)."""
-        fields = self.fields
-        t = {f: v for f, v in vars(a).items() if fields is None or f in fields}
-        t.pop("gpudata", None)
-        t.pop("base", None)
-        return t
-
     def call(self, fn: Callable[..., Any], args: Sequence[Any]) -> None:
         consts: list[Any] = []
         arrays: list[tuple[int, int, int]] = []
@@ -307,7 +308,7 @@ class Recorder:
                         "temporaries"
                     )
                     return
-                template = self._template(a)
+                template = _array_template(a, self.fields)
                 arrays.append((i, *loc))
                 consts.append((type(a), template))
                 sig.append(("a", type(a), template, *loc))
@@ -418,9 +419,7 @@ class Recorder:
             if not (hasattr(o, "gpudata") and hasattr(o, "strides")):
                 self.refuse(f"output {k} is a {type(o).__name__}, not a GPU array")
                 return None
-            template = {f: v for f, v in vars(o).items() if f in fields}
-            template.pop("gpudata", None)
-            template.pop("base", None)
+            template = _array_template(o, fields)
             data = o.gpudata
             if data is None:
                 outs.append(("none", type(o), template))
