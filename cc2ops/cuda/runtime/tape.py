@@ -685,9 +685,10 @@ class _Generated:
             if kind == "launch":
                 fn, grid, block, shared, stream, fmt, _, pointers = spec
                 where = [(i, renumber[s], off) for i, s, off in pointers]
-                set_block = getattr(fn, "_set_block_shape", None)
-                if set_block is not None:
-                    emit(f"    {self.bind(set_block)}(*{self.bind(block)})")
+                # cuLaunchKernel takes the block itself: pycuda's
+                # prepared_async_call also sets the function's legacy block
+                # shape (cuFuncSetBlockShape), which only the pre-v4 launch
+                # reads, so the replay leaves that call out
                 packed = ", ".join([self.bind(fmt), *self.args(consts, where)])
                 emit(
                     f"    {self.bind(fn._launch_kernel)}({self.bind(grid)}, "
