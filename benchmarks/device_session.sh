@@ -7,7 +7,8 @@
 #
 # Stages (NAME or NAME:SECONDS):
 #   info        GPU, clocks, nvcc and library versions
-#   diag        benchmarks/diagnose.py (host vs device time) -> logs/diagnose.json
+#   diag        benchmarks/diagnose.py (host vs device time; sections $DIAG_SECTIONS,
+#               default micro,step) -> logs/diagnose.json
 #   diagconv    diagnose.py's per-algorithm conv section
 #   new         the GPU tests named in $NEW_TESTS
 #   tests       every gpu-marked test, in parallel (pytest-xdist, $JOBS workers)
@@ -66,7 +67,7 @@ for arg in "$@"; do
         } >>"$LOG" 2>&1
         ;;
     diag)
-        run_stage diag "$limit" python3 benchmarks/diagnose.py --sections micro,step \
+        run_stage diag "$limit" python3 benchmarks/diagnose.py --sections "${DIAG_SECTIONS:-micro,step}" \
             --out "$L/diagnose.json"
         ;;
     diagconv)

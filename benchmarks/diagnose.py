@@ -79,6 +79,26 @@ def micro() -> dict[str, Any]:
         dev.synchronize()
 
     out["tiny_kernel_and_sync_us"] = host_us(tiny)
+
+    # the floor under a replayed launch tape: pycuda's launch with the
+    # argument buffer packed beforehand, the packing, and a pool allocation
+    from pycuda._pvt_struct import pack
+
+    from cc2ops.cuda.runtime.array import _fill_name, ptr
+    from cc2ops.cuda.runtime.compile import get_kernel
+
+    fn = get_kernel("fill", 0, name=_fill_name(4), unit=4)
+    args = (ptr(a), np.int64(a.size), np.uint64(0), np.uint64(0), np.int64(1))
+    fmt = fn.arg_format
+    packed = pack(fmt, *args)
+    grid, block, stream = (64, 1, 1), (256, 1, 1), dev.stream
+    out["launch_kernel_prepacked_us"] = host_us(
+        lambda: fn._launch_kernel(grid, block, packed, 0, stream)
+    )
+    out["pack_args_us"] = host_us(lambda: pack(fmt, *args))
+    raw = dev.allocator.raw
+    out["pool_allocate_free_us"] = host_us(lambda: raw(1 << 20))
+    dev.synchronize()
     return out
 
 
