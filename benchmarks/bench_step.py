@@ -717,10 +717,38 @@ def host_cost(by_op: list[dict]) -> dict:
     }
 
 
+def tape_coverage(entries: list[dict]) -> dict:
+    """How many taped nodes replay, and why the others do not (pure: the
+    tests feed it made-up :func:`cc2ops.cuda.mode.launch_tapes` entries).
+
+    Returns ``taped_nodes`` (nodes whose op is taped), ``replaying_nodes``
+    (those that replayed a tape at least once) and ``not_replaying``: op
+    class -> {reason: nodes}, the reason being the latest refusal (or
+    ``"no tape"`` where none was given).
+    """
+    missing: dict[str, dict[str, int]] = {}
+    replaying = 0
+    for e in entries:
+        if e["plays"] > 0:
+            replaying += 1
+            continue
+        op = str(e["op"]).split("{")[0].split("(")[0]
+        reason = e["refusal"] or "no tape"
+        by_reason = missing.setdefault(op, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    return {
+        "taped_nodes": len(entries),
+        "replaying_nodes": replaying,
+        "not_replaying": missing,
+    }
+
+
 def breakdown(fn: Any, args: tuple, steps: int, tf32: bool, top: int = 10) -> dict:
     """Per-op device and host time of a Python-VM step (ThunkProfile), with
-    the host cost per node of every op class (:func:`host_cost`)."""
+    the host cost per node of every op class (:func:`host_cost`) and which
+    nodes replay launch tapes (:func:`tape_coverage`)."""
     from cc2ops.cuda import allow_tf32
+    from cc2ops.cuda.mode import launch_tapes
     from cc2ops.cuda.runtime.profile import ThunkProfile
 
     prof = ThunkProfile(fn)
@@ -728,6 +756,7 @@ def breakdown(fn: Any, args: tuple, steps: int, tf32: bool, top: int = 10) -> di
         res = prof.run(*args, steps=steps, warmup=BREAKDOWN_WARMUP)
     return {
         **host_cost(res["by_op"]),
+        "tapes": tape_coverage(launch_tapes(fn)),
         "device_ms_summed": res["device_ms"],
         "host_ms_summed": res["host_ms"],
         "synchronizing_nodes": res["synchronizing_nodes"],
@@ -949,6 +978,15 @@ class Report:
                 )
                 for op, us in sorted(row["host_us_per_node"].items()):
                     print(f"    {op:<32} {us:7.1f} us")
+            if "tapes" in row:
+                t = row["tapes"]
+                print(
+                    f"  launch tapes: {t['replaying_nodes']} of {t['taped_nodes']} "
+                    "taped nodes replay"
+                )
+                for op, reasons in sorted(t["not_replaying"].items()):
+                    for reason, n in reasons.items():
+                        print(f"    {op:<32} {n} node(s): {reason}")
 
 
 def log(t0: float, msg: str) -> None:

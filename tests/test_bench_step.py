@@ -282,3 +282,23 @@ def test_host_cost_is_per_node_and_barred_on_the_common_op_classes():
     got = bench.host_cost(by_op)
     assert not got["host_bar_met"] and got["host_bar_worst_op"] == "GpuFilterActs"
     assert bench.host_cost(by_op[2:])["host_bar_met"] is False, "nothing barred"
+
+
+def test_tape_coverage_counts_replaying_nodes_and_groups_the_others_by_reason():
+    entries = [
+        {"op": "GpuElemwise{add}", "tapes": 1, "plays": 9, "refusal": None},
+        {"op": "GpuFilterActs(pad=2)", "tapes": 0, "plays": 0, "refusal": "upload"},
+        {"op": "GpuFilterActs(pad=0)", "tapes": 0, "plays": 0, "refusal": "upload"},
+        {"op": "GpuDot22", "tapes": 0, "plays": 0, "refusal": None},
+        {"op": "GpuDot22", "tapes": 1, "plays": 1, "refusal": None},
+    ]
+    got = bench.tape_coverage(entries)
+    assert got == {
+        "taped_nodes": 5,
+        "replaying_nodes": 2,
+        "not_replaying": {
+            "GpuFilterActs": {"upload": 2},
+            "GpuDot22": {"no tape": 1},
+        },
+    }
+    assert bench.tape_coverage([])["replaying_nodes"] == 0
