@@ -16,6 +16,9 @@ each):
     in fp32 and TF32; then the eager step (``cvm``) and the same step
     replayed as a CUDA graph (:func:`cc2ops.cuda.capture_function`), timed
     with events, and torch's step for scale.
+``cgemm``
+    Whether the FFT passes' complex GEMM holds the host, fp32 against TF32
+    (:func:`cgemm_section`).
 ``conv``
     Every applicable algorithm of every pass of the five AlexNet layers at
     batch 128, fp32 and TF32: device and host time apart
@@ -248,6 +251,68 @@ def conv_section(
     return {"rows": rows}
 
 
+def cgemm_section() -> dict[str, Any]:
+    """Does the FFT passes' complex GEMM hold the host? (benchmarks/notes/step.md:
+    a TF32 FFT pass returns only when its work is done, an fp32 one at once.)
+
+    The forward product of an ImageNet conv2-sized FFT pass (544 bins, 192 x 64
+    filters, 32 images) through ``blas.gemm_strided_batched_complex``, in fp32
+    and TF32, then TF32 again with a 256 MiB cuBLAS workspace, and the real
+    TF32 GEMM of the same data volume (``gemm_strided_batched``, the operands
+    as real matrices of twice the width) for scale. Each under
+    :func:`split_time`: host and device time, and whether the call waited.
+    """
+    from cc2ops.cuda.libs import cublas as blas
+    from cc2ops.cuda.runtime import array
+    from cc2ops.cuda.runtime.device import get_device
+    from cc2ops.cuda.runtime.profile import split_time
+
+    bins, f, c, nb = 544, 192, 64, 32
+    r = np.random.default_rng(0)
+
+    def cplx(*shape: int) -> np.ndarray:
+        z = r.standard_normal(shape) + 1j * r.standard_normal(shape)
+        return z.astype(np.complex64)
+
+    a, b = array.to_gpu(cplx(bins, f, c), 0), array.to_gpu(cplx(bins, c, nb), 0)
+    out = array.empty((bins, f, nb), np.complex64, 0)
+    ar = array.to_gpu(r.standard_normal((bins, f, 2 * c)).astype(np.float32), 0)
+    br = array.to_gpu(r.standard_normal((bins, 2 * c, 2 * nb)).astype(np.float32), 0)
+    outr = array.empty((bins, f, 2 * nb), np.float32, 0)
+    rows: dict[str, Any] = {}
+
+    def complex_call(precision: str) -> Any:
+        return lambda: blas.gemm_strided_batched_complex(
+            a, b, out, device=0, precision=precision
+        )
+
+    def record(name: str, fn: Any) -> None:
+        try:
+            st = split_time(fn, 0, reps=5, warmup=2)
+            rows[name] = dict(host_ms=st.host_ms, device_ms=st.device_ms,
+                              synchronizes=st.synchronizes)  # fmt: skip
+        except Exception as e:
+            rows[name] = {"error": f"{type(e).__name__}: {e}"}
+        log(f"cgemm {name}: {rows[name]}")
+
+    record("complex_fp32", complex_call("fp32"))
+    record("complex_tf32", complex_call("tf32"))
+    record(
+        "real_tf32_same_bytes",
+        lambda: blas.gemm_strided_batched(ar, br, outr, device=0, precision="tf32"),
+    )
+    handle = blas.get_handle(0)
+    big = 256 << 20
+    ws = array.empty((big,), np.uint8, 0)
+    blas._call("set_workspace", handle, int(ws.gpudata), big)
+    try:
+        record("complex_tf32_workspace_256mib", complex_call("tf32"))
+    finally:
+        own = blas._workspaces[get_device(0).index]
+        blas._call("set_workspace", handle, int(own), blas.WORKSPACE_BYTES)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sections", default="micro,step,conv")
@@ -260,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     import cc2ops.cuda as cuda
 
     cuda.require()
-    sections = {"micro": lambda: micro(), "step": lambda: step_section(args.budget),
+    sections = {"micro": lambda: micro(), "cgemm": lambda: cgemm_section(),
+                "step": lambda: step_section(args.budget),
                 "conv": lambda: conv_section(
                     args.budget, tuple(args.conv_layers.split(",")),
                     tuple(args.conv_passes.split(",")),
@@ -275,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             RESULT[name] = {"error": f"{type(e).__name__}: {e}"}
             status = 1
         args.out.write_text(json.dumps(RESULT, indent=1, default=str))
-        if name == "micro":
+        if name in ("micro", "cgemm"):
             log(json.dumps(RESULT[name]))
     return status
 
