@@ -326,8 +326,18 @@ class ReplayVM:
         #: counters: eager calls, captures, replays (for tests and profiling)
         self.stats = {"eager": 0, "captures": 0, "replays": 0}
 
+    #: attributes of the wrapper itself; any other is set on the wrapped VM
+    #: (a profiler replacing ``thunks``, PyTensor setting ``allow_gc``)
+    _OWN = frozenset({"vm", "fgraph", "max_graphs", "plan", "stats"})
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["vm"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN or name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.vm, name, value)
 
     # ---- the call ----------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -125,6 +125,27 @@ def test_plan_shapes_of_host_inputs_are_allowed():
     assert plan.capturable, plan.reason
 
 
+def test_replay_vm_sets_foreign_attributes_on_the_vm_it_wraps():
+    x = pt.vector("x")
+    fgraph = FunctionGraph([x], [2 * x], clone=False)
+
+    class FakeVM:
+        def __init__(self):
+            self.storage_map = {v: [None] for v in fgraph.variables}
+            self.thunks = ["t0"]
+
+    vm = FakeVM()
+    rvm = ReplayVM(vm, fgraph)
+    assert rvm.thunks == ["t0"]
+    rvm.thunks = ["wrapped"]  # what a profiler does
+    assert vm.thunks == ["wrapped"] and "thunks" not in rvm.__dict__
+    rvm.allow_gc = False
+    assert vm.allow_gc is False
+    rvm.stats = {"eager": 1}  # the wrapper's own
+    assert rvm.__dict__["stats"] == {"eager": 1} and not hasattr(vm, "stats")
+    assert not rvm.plan.capturable  # a host-only graph
+
+
 @pytest.mark.parametrize(
     "kwargs, exc, text",
     [
