@@ -251,6 +251,48 @@ def test_checked_vm_drops_checks_when_a_node_fails():
     assert not checks.pending() and not checks.deferring()
 
 
+def test_thunk_profile_times_a_flushing_node_without_the_checks_wait():
+    """ThunkProfile's host pass holds the stream for the whole step, so the
+    deferred checks a writer node reads first would wait for the hold: that
+    wait is the check's, and is taken before the node's clock starts."""
+    import time
+
+    from cc2ops.cuda.mode import _flush_first
+    from cc2ops.cuda.runtime.profile import ThunkProfile
+
+    class HostOp:  # no thunk_device: a host node (no device, no hold)
+        pass
+
+    class Node:
+        op = HostOp()
+
+    def loss():  # defers a check whose wait takes 40 ms
+        checks.defer(lambda: time.sleep(0.04), lambda: None)
+
+    writer = _flush_first(lambda: None)
+
+    class VM:
+        nodes = [Node(), Node()]
+        thunks = [loss, writer]
+
+    class Fn:
+        vm = VM()
+
+        def __call__(self):
+            checks.scope_open()
+            try:
+                for thunk in self.vm.thunks:
+                    thunk()
+            finally:
+                checks.scope_close()
+
+    res = ThunkProfile(Fn()).run(steps=1, warmup=0)
+    first, second = res["per_node"]
+    assert second["host_ms_isolated"] >= 35.0, "the first pass times the wait"
+    assert second["host_ms"] < 10.0, second
+    assert not checks.pending() and not checks.deferring()
+
+
 # --------------------------------------------------------------------------
 # CPU: which nodes write into a function's inputs
 # --------------------------------------------------------------------------
