@@ -645,16 +645,27 @@ class _Generated:
         n_in = self.tape.n_in
         return f"values[{slot}]" if slot < n_in else f"a{slot - n_in}"
 
-    def array(self, name: str, cls: type, template: dict, slot: int, off: int) -> str:
-        """Emit a GPU array ``name`` over ``slot`` + ``off`` (a view: its
-        ``base`` keeps the buffer alive); returns ``name``."""
+    def array(
+        self, name: str, cls: type, template: dict, data: str, base: str = "None"
+    ) -> str:
+        """Emit a GPU array ``name``: ``template``'s attributes with the buffer
+        expression ``data`` and the ``base`` expression that keeps it alive
+        (``"None"`` for an array that owns its buffer); returns ``name``."""
         emit = self.lines.append
         emit(f"    d = {self.bind({**template, 'gpudata': None, 'base': None})}.copy()")
-        emit(f'    d["gpudata"] = {self.address(slot, off)}')
-        emit(f'    d["base"] = {self.owner(slot)}')
+        emit(f'    d["gpudata"] = {data}')
+        if base != "None":
+            emit(f'    d["base"] = {base}')
         emit(f"    {name} = {self.bind(cls.__new__)}({self.bind(cls)})")
         emit(f"    {name}.__dict__ = d")
         return name
+
+    def view(self, name: str, cls: type, template: dict, slot: int, off: int) -> str:
+        """Emit a GPU array ``name`` over ``slot`` + ``off``, kept alive by the
+        slot's owner; returns ``name``."""
+        return self.array(
+            name, cls, template, self.address(slot, off), self.owner(slot)
+        )
 
     def args(self, consts: Sequence[Any], where: Sequence[tuple]) -> list[str]:
         out = [None if c is None else self.bind(c) for c in consts]
@@ -707,7 +718,7 @@ class _Generated:
                 for i, c in enumerate(consts):
                     if i in where:
                         cls, template = c
-                        args.append(self.array(f"c{i}", cls, template, *where[i]))
+                        args.append(self.view(f"c{i}", cls, template, *where[i]))
                     else:
                         args.append(self.bind(c))
                 emit(f"    {self.bind(fn)}({', '.join(args)})")
@@ -725,17 +736,12 @@ class _Generated:
                 emit(f"    out_cells[{k}][0] = values[{o[1]}]")
                 continue
             if o[0] == "view":
-                self.array("o", o[1], o[2], o[3], o[4])
-                emit(f"    out_cells[{k}][0] = o")
-                continue
-            # an array that owns its buffer (or has none): the recorded one's
-            # attributes with the new allocation, and no base
-            data = "None" if o[0] == "none" else f"a{o[3] - n_in}"
-            template = {**o[2], "gpudata": None, "base": None}
-            emit(f"    d = {self.bind(template)}.copy()")
-            emit(f'    d["gpudata"] = {data}')
-            emit(f"    o = {self.bind(o[1].__new__)}({self.bind(o[1])})")
-            emit("    o.__dict__ = d")
+                self.view("o", o[1], o[2], o[3], o[4])
+            else:
+                # an array that owns its buffer (or has none): the recorded
+                # one's attributes with the new allocation, and no base
+                data = "None" if o[0] == "none" else f"a{o[3] - n_in}"
+                self.array("o", o[1], o[2], data)
             emit(f"    out_cells[{k}][0] = o")
         emit(f"    {self.bind(tape._plays)}[0] += 1")
         source = "\n".join(self.lines) + "\n"
